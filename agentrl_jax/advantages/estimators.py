@@ -1,0 +1,269 @@
+"""Pipeline-facing advantage estimators and their registry.
+
+Every estimator has the signature `fn(traj, values, **hyperparams) -> AdvantageOutput` with
+`advantages`/`returns` `[B, L]` float32, zero outside `traj.action_mask`, and zero on trajectories
+with an env fault (`traj.valid_trajectory` False); faulted trajectories also stay out of every
+group statistic. `values` is the critic's `[B, L]` output, or None for critic-free estimators.
+Hyperparameters are plain keyword arguments; gin binds them in learner code (ALGORITHMS.md §C.1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentrl_jax import types
+from agentrl_jax.advantages import gae as gae_lib
+from agentrl_jax.advantages import group
+from agentrl_jax.advantages import similarity
+from agentrl_jax.advantages import step
+from agentrl_jax.advantages import turn
+
+Array = jax.Array
+
+
+class AdvantageOutput(NamedTuple):
+  """Token advantages and value targets, each `[B, L]` float32, zero outside `action_mask`."""
+
+  advantages: Array
+  returns: Array
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)  # no slots: jax.jit needs a weakref
+class Estimator:
+  """A registered estimator: the function and whether it consumes critic values."""
+
+  name: str
+  fn: Callable[..., AdvantageOutput]
+  needs_critic: bool
+  description: str = ""
+
+  def __call__(self, traj: types.Trajectories, values: Array | None = None,
+               **hyperparams: Any) -> AdvantageOutput:
+    if self.needs_critic and values is None:
+      raise ValueError(f"estimator {self.name!r} needs critic values, got values=None")
+    return self.fn(traj, values, **hyperparams)
+
+
+def _valid_tokens(traj: types.Trajectories) -> Array:
+  """[B, L] bool: action tokens of trajectories without env faults."""
+  return jnp.asarray(traj.action_mask).astype(bool) & jnp.asarray(traj.valid_trajectory)[:, None]
+
+
+def _trajectory_output(traj: types.Trajectories, advantages: Array) -> AdvantageOutput:
+  """Broadcasts `[B]` advantages to the valid action tokens; returns = advantages (verl GRPO)."""
+  token_advantages = types.broadcast_trajectories_to_tokens(
+      advantages.astype(jnp.float32), _valid_tokens(traj))
+  return AdvantageOutput(advantages=token_advantages, returns=token_advantages)
+
+
+def _turn_output(traj: types.Trajectories, turn_advantages: Array) -> AdvantageOutput:
+  """Broadcasts `[B, N]` turn advantages over `turn_of_token`; returns = advantages."""
+  token_advantages = types.broadcast_turns_to_tokens(
+      turn_advantages.astype(jnp.float32), jnp.asarray(traj.turn_of_token), _valid_tokens(traj))
+  return AdvantageOutput(advantages=token_advantages, returns=token_advantages)
+
+
+def grpo(traj: types.Trajectories, values: Array | None = None, *,
+         normalize_by_std: bool = True, eps: float = 1e-6, stats_over: str = "trajectories",
+         num_groups: int | None = None) -> AdvantageOutput:
+  """GRPO (§A.3): `traj.outcome` normalised within its `group_id`, on every action token.
+
+  `values` is ignored. `num_groups` (static) defaults to B. `stats_over="trajectories"` counts
+  each trajectory once in its group's mean and std; `"step_rows"` counts it once per existing turn,
+  as verl-agent's step-row layout does (longer episodes weigh more). See
+  `group.group_relative_advantages`.
+  """
+  del values  # critic-free
+  if stats_over not in ("trajectories", "step_rows"):
+    raise ValueError(f"stats_over must be 'trajectories' or 'step_rows', got {stats_over!r}")
+  # Host (NumPy) inputs pass through unconverted so that group.check_* can name bad values.
+  weights = traj.valid_trajectory
+  if stats_over == "step_rows":
+    weights = weights * traj.turn_mask.sum(axis=1).astype(np.float32)
+  advantages = group.group_relative_advantages(
+      traj.outcome, traj.group_id, num_groups, normalize_by_std=normalize_by_std, eps=eps,
+      weights=weights)
+  return _trajectory_output(traj, advantages)
+
+
+def dr_grpo(traj: types.Trajectories, values: Array | None = None, *,
+            num_groups: int | None = None) -> AdvantageOutput:
+  """Dr.GRPO (§A.4): GRPO without the std division, `A_b = s_b − mean_g`.
+
+  Pair it with the `seq-mean-token-sum-norm` aggregation in the loss.
+  """
+  return grpo(traj, values, normalize_by_std=False, num_groups=num_groups)
+
+
+def rloo(traj: types.Trajectories, values: Array | None = None, *,
+         num_groups: int | None = None) -> AdvantageOutput:
+  """RLOO (§A.5): `traj.outcome` minus the leave-one-out mean of its group."""
+  del values  # critic-free
+  advantages = group.leave_one_out_advantages(
+      traj.outcome, traj.group_id, num_groups, weights=traj.valid_trajectory)
+  return _trajectory_output(traj, advantages)
+
+
+def gae(traj: types.Trajectories, values: Array | None, *,
+        discount: float = 1.0, lambda_: float = 1.0) -> AdvantageOutput:
+  """Token-level GAE over the interleaved sequence (§A.1, StarPO's PPO variant).
+
+  Turn rewards `traj.reward` are placed on the last action token of each turn
+  (`gae.token_rewards`); observation tokens are transparent. Defaults γ = λ = 1 as in verl.
+
+  Args:
+    traj: the batch.
+    values: `[B, L]` critic values `V_t` at every token (only action tokens are read).
+    discount: γ.
+    lambda_: λ.
+  """
+  if values is None:
+    raise ValueError("estimator 'gae' needs critic values, got values=None")
+  mask = jnp.asarray(traj.action_mask).astype(bool)
+  rewards = gae_lib.token_rewards(
+      jnp.asarray(traj.reward), jnp.asarray(traj.turn_end), jnp.asarray(traj.turn_mask),
+      traj.max_len)
+  out = gae_lib.generalized_advantage_estimation(
+      rewards, jnp.asarray(values, jnp.float32), mask, discount, lambda_)
+  valid = _valid_tokens(traj)
+  return AdvantageOutput(
+      advantages=jnp.where(valid, out.advantages, 0.0).astype(jnp.float32),
+      returns=jnp.where(valid, out.returns, 0.0).astype(jnp.float32))
+
+
+def gigpo(traj: types.Trajectories, values: Array | None = None, *,
+          discount: float = 0.95, step_weight: float = 1.0, mode: str = "mean_norm",
+          eps: float = 1e-6, episode_stats_over: str = "step_rows",
+          num_groups: int | None = None) -> AdvantageOutput:
+  """GiGPO (§A.6): episode advantage of `traj.outcome` plus anchor-state step advantages.
+
+  Step rewards are `traj.reward`; anchors come from `traj.obs_hash` shifted by one turn, with
+  `traj.extras["initial_obs_hash"]` (or a shared constant) for the first turn (see `step`).
+  Hyperparameters as in `step.gigpo_advantages`; defaults follow verl-agent.
+  """
+  del values  # critic-free
+  out = step.gigpo_advantages(
+      jnp.asarray(traj.outcome), jnp.asarray(traj.reward), step.trajectory_anchor_hashes(traj),
+      jnp.asarray(traj.turn_mask), jnp.asarray(traj.group_id), num_groups, discount=discount,
+      step_weight=step_weight, mode=mode, eps=eps, episode_stats_over=episode_stats_over,
+      weights=jnp.asarray(traj.valid_trajectory))
+  return _turn_output(traj, out.advantages)
+
+
+def gagpo(traj: types.Trajectories, values: Array | None = None, *,
+          discount: float = 0.95, lambda_: float = 0.95, eps: float = 1e-6,
+          singleton: str = "time_baseline") -> AdvantageOutput:
+  """GAGPO (§B.14): turn-level GAE on the grouped value proxy, normalised per group.
+
+  Pair it with the action-level ratio `losses.policy.turn_mean_log_ratio` in the loss.
+  """
+  del values  # critic-free
+  out = step.gagpo_advantages(
+      jnp.asarray(traj.reward), step.trajectory_anchor_hashes(traj), jnp.asarray(traj.turn_mask),
+      jnp.asarray(traj.group_id), discount=discount, lambda_=lambda_, eps=eps,
+      singleton=singleton, weights=jnp.asarray(traj.valid_trajectory))
+  return _turn_output(traj, out.advantages)
+
+
+def _turn_rewards(traj: types.Trajectories, turn_reward_key: str | None) -> Array:
+  if turn_reward_key is None:
+    return jnp.asarray(traj.reward)
+  if turn_reward_key not in traj.extras:
+    raise ValueError(f"turn_reward_key {turn_reward_key!r} not in traj.extras "
+                     f"(has: {', '.join(sorted(traj.extras)) or 'nothing'})")
+  return jnp.asarray(traj.extras[turn_reward_key])
+
+
+def mt_grpo(traj: types.Trajectories, values: Array | None = None, *,
+            turn_coef: float = 1.0, eps: float = 1e-4, turn_reward_key: str | None = None,
+            num_groups: int | None = None) -> AdvantageOutput:
+  """MT-GRPO (§A.10, K-turn form): `Â^O(traj.outcome) + λ·Â^{T,k}` per turn.
+
+  Turn rewards are `traj.reward`, or `traj.extras[turn_reward_key]` (`[B, N]`) when the turn-level
+  reward functions are kept apart from the env reward.
+  """
+  del values  # critic-free
+  out = turn.mt_grpo_advantages(
+      jnp.asarray(traj.outcome), _turn_rewards(traj, turn_reward_key),
+      jnp.asarray(traj.turn_mask), jnp.asarray(traj.group_id), num_groups, turn_coef=turn_coef,
+      eps=eps, weights=jnp.asarray(traj.valid_trajectory))
+  return _turn_output(traj, out.advantages)
+
+
+def gtpo(traj: types.Trajectories, values: Array | None = None, *,
+         discount: float = 0.9, eps: float = 1e-6,
+         num_groups: int | None = None) -> AdvantageOutput:
+  """GTPO (§A.11): discounted returns of `traj.reward`, normalised per (group, turn index)."""
+  del values  # critic-free
+  out = turn.gtpo_advantages(
+      jnp.asarray(traj.reward), jnp.asarray(traj.turn_mask), jnp.asarray(traj.group_id),
+      num_groups, discount=discount, eps=eps, weights=jnp.asarray(traj.valid_trajectory))
+  return _turn_output(traj, out.advantages)
+
+
+def gtpo_hybrid(traj: types.Trajectories, values: Array | None = None, *,
+                discount: float = 0.9, outcome_coef: float = 0.5, alignment_guard: bool = True,
+                eps: float = 1e-6, num_groups: int | None = None) -> AdvantageOutput:
+  """GTPO returns plus a dampened GRPO outcome advantage with a sign guard (§B.17)."""
+  del values  # critic-free
+  out = turn.gtpo_hybrid_advantages(
+      jnp.asarray(traj.reward), jnp.asarray(traj.outcome), jnp.asarray(traj.turn_mask),
+      jnp.asarray(traj.group_id), num_groups, discount=discount, outcome_coef=outcome_coef,
+      alignment_guard=alignment_guard, eps=eps, weights=jnp.asarray(traj.valid_trajectory))
+  return _turn_output(traj, out.advantages)
+
+
+def spo(traj: types.Trajectories, values: Array | None = None, *,
+        temperature: float = 0.1, normalize_by_std: bool = True, eps: float = 1e-6,
+        embedding_key: str = "prefix_embedding") -> AdvantageOutput:
+  """SPO (§B.16): `traj.outcome` against a similarity-weighted baseline of the group, per turn.
+
+  Needs `traj.extras[embedding_key]`, a `[B, N, d]` float prefix representation per turn.
+  """
+  del values  # critic-free
+  if embedding_key not in traj.extras:
+    raise ValueError(f"estimator 'spo' needs traj.extras[{embedding_key!r}] ([B, N, d] prefix "
+                     f"embeddings); has: {', '.join(sorted(traj.extras)) or 'nothing'}")
+  out = similarity.similarity_advantages(
+      jnp.asarray(traj.outcome), jnp.asarray(traj.extras[embedding_key]),
+      jnp.asarray(traj.turn_mask), traj.group_id, temperature=temperature,
+      normalize_by_std=normalize_by_std, eps=eps, weights=jnp.asarray(traj.valid_trajectory))
+  return _turn_output(traj, out.advantages)
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "grpo": Estimator(name="grpo", fn=grpo, needs_critic=False,
+                      description="group-normalised outcome (GRPO, §A.3)"),
+    "dr_grpo": Estimator(name="dr_grpo", fn=dr_grpo, needs_critic=False,
+                         description="group-centred outcome, no std (Dr.GRPO, §A.4)"),
+    "rloo": Estimator(name="rloo", fn=rloo, needs_critic=False,
+                      description="leave-one-out baseline (RLOO, §A.5)"),
+    "gae": Estimator(name="gae", fn=gae, needs_critic=True,
+                     description="token-level GAE with observation skipping (PPO, §A.1)"),
+    "gigpo": Estimator(name="gigpo", fn=gigpo, needs_critic=False,
+                       description="episode + anchor-state step groups (GiGPO, §A.6)"),
+    "gagpo": Estimator(name="gagpo", fn=gagpo, needs_critic=False,
+                       description="GAE on a grouped state-value proxy (GAGPO, §B.14)"),
+    "mt_grpo": Estimator(name="mt_grpo", fn=mt_grpo, needs_critic=False,
+                         description="outcome + per-turn group advantages (MT-GRPO, §A.10)"),
+    "gtpo": Estimator(name="gtpo", fn=gtpo, needs_critic=False,
+                      description="turn returns normalised per turn index (GTPO, §A.11)"),
+    "gtpo_hybrid": Estimator(name="gtpo_hybrid", fn=gtpo_hybrid, needs_critic=False,
+                             description="GTPO + dampened outcome with sign guard (§B.17)"),
+    "spo": Estimator(name="spo", fn=spo, needs_critic=False,
+                     description="similarity-weighted leave-one-out baseline per turn (SPO, §B.16)"),
+}
+
+
+def get_estimator(name: str) -> Estimator:
+  """Looks up an estimator by name; raises a ValueError listing the known names."""
+  try:
+    return ESTIMATORS[name]
+  except KeyError:
+    raise ValueError(
+        f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ESTIMATORS))}") from None

@@ -1,0 +1,29 @@
+"""Host-side text environments.
+
+Importing this package registers the built-in environments (their modules call
+`registry.register` at import); nothing else happens at import time.
+"""
+
+from agentrl_jax.envs import base
+from agentrl_jax.envs import dd_chain
+from agentrl_jax.envs import frozenlake
+from agentrl_jax.envs import registry
+from agentrl_jax.envs.base import StepResult
+from agentrl_jax.envs.base import TextEnv
+from agentrl_jax.envs.base import observation_hash
+from agentrl_jax.envs.registry import make
+from agentrl_jax.envs.registry import names
+from agentrl_jax.envs.registry import register
+
+__all__ = [
+    "StepResult",
+    "TextEnv",
+    "base",
+    "dd_chain",
+    "frozenlake",
+    "make",
+    "names",
+    "observation_hash",
+    "register",
+    "registry",
+]

@@ -1,0 +1,1 @@
+"""The learner: state, the jitted update, one iteration, checkpoints and metrics."""

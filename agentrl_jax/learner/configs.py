@@ -1,0 +1,118 @@
+"""Typed, validated hyperparameters of a training run (bound from gin by `experiments/run.py`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class TrainConfig:
+  """What is trained on, for how long, and how the credit is assigned.
+
+  Attributes:
+    env_name, env_kwargs: the registered environment and its constructor arguments.
+    seed: run seed (parameters, sampling keys).
+    num_iterations: RL iterations (collect → score → update).
+    tasks_per_iteration: distinct tasks (episode seeds) per iteration.
+    group_size: episodes per task; a task's episodes form one group (GRPO-style baselines).
+    estimator, estimator_kwargs: the advantage estimator by registry name, and its hyperparameters.
+    use_critic: train a separate critic (needed by critic-based estimators such as 'gae').
+    restrict_to_action_words: sample only the env's action words, one token each
+      (constrained decoding; the learner uses the same restriction).
+    checkpoint_every: save a checkpoint every this many iterations (and at the end).
+    log_every: write metrics every this many iterations.
+  """
+
+  env_name: str = "frozenlake"
+  env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+  seed: int = 0
+  num_iterations: int = 100
+  tasks_per_iteration: int = 16
+  group_size: int = 8
+  estimator: str = "grpo"
+  estimator_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+  use_critic: bool = False
+  restrict_to_action_words: bool = True
+  checkpoint_every: int = 25
+  log_every: int = 1
+
+  def __post_init__(self):
+    for name in ("num_iterations", "tasks_per_iteration", "group_size", "checkpoint_every", "log_every"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+    if self.num_iterations < 0:
+      raise ValueError(f"TrainConfig.num_iterations must be >= 0, got {self.num_iterations}")
+
+  @property
+  def batch_size(self) -> int:
+    return self.tasks_per_iteration * self.group_size
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class OptimConfig:
+  """AdamW with global-norm clipping and a linear decay from `learning_rate` to `end_learning_rate`."""
+
+  learning_rate: float = 1e-3
+  end_learning_rate: float | None = None
+  warmup_steps: int = 0
+  weight_decay: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.99
+  max_grad_norm: float = 1.0
+
+  def __post_init__(self):
+    if self.learning_rate <= 0:
+      raise ValueError(f"OptimConfig.learning_rate must be > 0, got {self.learning_rate}")
+    if self.end_learning_rate is not None and self.end_learning_rate < 0:
+      raise ValueError(f"OptimConfig.end_learning_rate must be >= 0, got {self.end_learning_rate}")
+    if self.max_grad_norm <= 0:
+      raise ValueError(f"OptimConfig.max_grad_norm must be > 0, got {self.max_grad_norm}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WarmStartConfig:
+  """Behaviour cloning on scripted demonstrations before RL (0 iterations = start from random init).
+
+  Attributes:
+    iterations: SFT iterations, each on a fresh batch of demonstrations.
+    episodes_per_iteration: demonstration episodes per SFT iteration.
+    expert_noise: probability that a demonstrated action is replaced by a random one, so the
+      demonstrations visit the states a learner's mistakes lead to.
+    learning_rate: constant SFT learning rate.
+  """
+
+  iterations: int = 0
+  episodes_per_iteration: int = 128
+  expert_noise: float = 0.3
+  learning_rate: float = 1e-3
+
+  def __post_init__(self):
+    if self.iterations < 0 or self.episodes_per_iteration < 1:
+      raise ValueError(f"WarmStartConfig: iterations >= 0 and episodes_per_iteration >= 1, got "
+                       f"{self.iterations}, {self.episodes_per_iteration}")
+    if not 0 <= self.expert_noise <= 1:
+      raise ValueError(f"WarmStartConfig.expert_noise must be in [0, 1], got {self.expert_noise}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class EvalConfig:
+  """Held-out evaluation: greedy success on `num_tasks` unseen seeds and sampled pass@k.
+
+  Attributes:
+    every: evaluate every this many iterations (also before training and at the end).
+    num_tasks: held-out tasks for greedy success.
+    pass_k, pass_k_tasks: sampled attempts per task, and how many tasks, for pass@k (0 = off).
+    seed_offset: first held-out seed; training seeds stay below it.
+  """
+
+  every: int = 50
+  num_tasks: int = 200
+  pass_k: int = 4
+  pass_k_tasks: int = 32
+  seed_offset: int = 1_000_000_000
+
+  def __post_init__(self):
+    if self.every < 1 or self.num_tasks < 1 or self.pass_k < 0 or self.pass_k_tasks < 0:
+      raise ValueError(f"EvalConfig: invalid sizes every={self.every}, num_tasks={self.num_tasks}, "
+                       f"pass_k={self.pass_k}, pass_k_tasks={self.pass_k_tasks}")

@@ -1,0 +1,289 @@
+"""One training run: collect → score → update, with evaluation, checkpoints and resume.
+
+`train` is the function `experiments/run.py` calls; every argument but `workdir` is bound in gin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import os
+import time
+from typing import Any, Sequence
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from agentrl_jax import types
+from agentrl_jax.advantages import estimators
+from agentrl_jax.envs import registry
+from agentrl_jax.learner import checkpoint as checkpoint_lib
+from agentrl_jax.learner import configs
+from agentrl_jax.learner import evaluate as evaluate_lib
+from agentrl_jax.learner import metrics as metrics_lib
+from agentrl_jax.learner import pipeline
+from agentrl_jax.learner import step as step_lib
+from agentrl_jax.models import tokenizer as tokenizer_lib
+from agentrl_jax.models import transformer
+from agentrl_jax.rollout import loop as loop_lib
+from agentrl_jax.rollout import sampler as sampler_lib
+
+# Seed ranges kept apart so training never sees a held-out task (EvalConfig.seed_offset is above).
+_WARM_START_SEED_BASE = 500_000_000
+
+
+@dataclasses.dataclass
+class TrainSummary:
+  """What a run reports at its end."""
+
+  iterations: int
+  resumed_from: int | None
+  success_before: float | None
+  success_after_warm_start: float | None
+  success_after: float
+  final_metrics: dict[str, float]
+
+
+def make_optimizer(config: configs.OptimConfig, total_steps: int) -> optax.GradientTransformation:
+  end = config.learning_rate if config.end_learning_rate is None else config.end_learning_rate
+  schedule = optax.join_schedules(
+      [optax.linear_schedule(0.0, config.learning_rate, max(config.warmup_steps, 1)),
+       optax.linear_schedule(config.learning_rate, end, max(total_steps - config.warmup_steps, 1))],
+      [max(config.warmup_steps, 1)]) if config.warmup_steps else optax.linear_schedule(
+          config.learning_rate, end, max(total_steps, 1))
+  return optax.chain(
+      optax.clip_by_global_norm(config.max_grad_norm),
+      optax.adamw(schedule, b1=config.b1, b2=config.b2, weight_decay=config.weight_decay))
+
+
+def _restricted_sampling(sampling: sampler_lib.SamplingConfig, env, tok: tokenizer_lib.Tokenizer):
+  if not env.action_words:
+    raise ValueError(f"TrainConfig.restrict_to_action_words: env {env.name!r} has no finite action set")
+  ids = tuple(tok.single_token_id(word) for word in env.action_words)
+  return dataclasses.replace(sampling, allowed_token_ids=ids, max_action_tokens=1)
+
+
+def _credit_pipeline(config: configs.TrainConfig, reward_shapers, corrections) -> pipeline.CreditPipeline:
+  estimator = estimators.get_estimator(config.estimator)
+  if estimator.needs_critic and not config.use_critic:
+    raise ValueError(f"TrainConfig.estimator={config.estimator!r} needs a critic; set "
+                     f"TrainConfig.use_critic = True")
+  kwargs = dict(config.estimator_kwargs)
+  accepted = inspect.signature(estimator.fn).parameters
+  unknown = sorted(set(kwargs) - set(accepted))
+  if unknown:
+    raise ValueError(f"TrainConfig.estimator_kwargs: estimator {config.estimator!r} has no "
+                     f"argument(s) {unknown}; it takes {sorted(set(accepted) - {'traj', 'values'})}")
+  if "num_groups" in accepted:
+    kwargs.setdefault("num_groups", config.batch_size)
+  return pipeline.CreditPipeline(estimator=functools.partial(estimator, **kwargs),
+                                 reward_shapers=tuple(reward_shapers), corrections=tuple(corrections))
+
+
+def _max_actions(rollout: loop_lib.RolloutConfig) -> int:
+  return rollout.max_turns * rollout.sampling.max_action_tokens
+
+
+def _task_batch(config: configs.TrainConfig, iteration: int) -> tuple[list[int], list[int]]:
+  """Episode seeds and group ids of one iteration: each task played `group_size` times."""
+  first = iteration * config.tasks_per_iteration
+  seeds = [first + t for t in range(config.tasks_per_iteration) for _ in range(config.group_size)]
+  groups = [t for t in range(config.tasks_per_iteration) for _ in range(config.group_size)]
+  return seeds, groups
+
+
+def _to_device(traj: types.Trajectories) -> types.Trajectories:
+  return jax.tree.map(jnp.asarray, traj)
+
+
+def _iteration_metrics(traj: types.Trajectories, stats: loop_lib.RolloutStats) -> dict[str, float]:
+  return {
+      "train/success": float(np.mean(traj.success)),
+      "train/outcome": float(np.mean(traj.outcome)),
+      "train/turns": float(np.mean(traj.turn_mask.sum(axis=1))),
+      **stats.as_metrics(),
+  }
+
+
+def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
+          model: transformer.TransformerConfig | None = None,
+          critic_model: transformer.TransformerConfig | None = None,
+          rollout: loop_lib.RolloutConfig = loop_lib.RolloutConfig(),
+          loss: step_lib.LossConfig = step_lib.LossConfig(),
+          optim: configs.OptimConfig = configs.OptimConfig(),
+          critic_optim: configs.OptimConfig = configs.OptimConfig(),
+          warm_start: configs.WarmStartConfig = configs.WarmStartConfig(),
+          evaluation: configs.EvalConfig = configs.EvalConfig(),
+          reward_shapers: Sequence[pipeline.RewardShaper] = (),
+          corrections: Sequence[pipeline.Correction] = (),
+          tokenizer_path: str | None = None) -> TrainSummary:
+  """Trains a policy on one environment and returns the summary.
+
+  Args:
+    workdir: metrics, checkpoints and the operative config go here; an existing checkpoint
+      there is resumed.
+    config: the run (env, sizes, estimator).
+    model: policy architecture; `vocab_size` is taken from the tokenizer. Default: `tiny`.
+    critic_model: critic architecture when `config.use_critic` (default: the policy's, value head).
+    rollout, loss, optim, critic_optim, warm_start, evaluation: see their classes.
+    reward_shapers: turn-reward shaping functions applied before the estimator, in order.
+    corrections: advantage corrections applied after the estimator, in order.
+    tokenizer_path: a SentencePiece model; default: the one shipped with the package.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  tok = tokenizer_lib.load_tokenizer(tokenizer_path)
+  make_env = functools.partial(registry.make, config.env_name, **config.env_kwargs)
+  probe_env = make_env()
+  if probe_env.max_turns > rollout.max_turns:
+    raise ValueError(f"env {config.env_name!r} runs up to {probe_env.max_turns} turns but "
+                     f"RolloutConfig.max_turns={rollout.max_turns}")
+  model = dataclasses.replace(model or transformer.tiny(tok.vocab_size), vocab_size=tok.vocab_size)
+  if config.restrict_to_action_words:
+    rollout = dataclasses.replace(rollout, sampling=_restricted_sampling(rollout.sampling, probe_env, tok))
+  advantage_fn = _credit_pipeline(config, reward_shapers, corrections)
+
+  policy_graphdef, policy_params = transformer.create(model, config.seed)
+  critic_graphdef = critic_params = None
+  if config.use_critic:
+    critic_cfg = dataclasses.replace(critic_model or model, vocab_size=tok.vocab_size, head="value")
+    critic_graphdef, critic_params = transformer.create(critic_cfg, config.seed + 1)
+  updates_per_iteration = loss.ppo_epochs * loss.num_minibatches
+  policy_opt = make_optimizer(optim, config.num_iterations * updates_per_iteration)
+  critic_opt = make_optimizer(critic_optim, config.num_iterations * updates_per_iteration) if config.use_critic else None
+  state = types.ActorCriticState(
+      step=jnp.zeros((), jnp.int32), rng=jax.random.key_data(jax.random.key(config.seed)),
+      policy_params=policy_params, policy_opt_state=policy_opt.init(policy_params),
+      critic_params=critic_params,
+      critic_opt_state=critic_opt.init(critic_params) if config.use_critic else None,
+      ref_params=policy_params if loss.kl_coef > 0 else None)
+
+  allowed = sampler_lib.vocabulary_mask(model.vocab_size, rollout.sampling.allowed_token_ids)
+  temperature = rollout.sampling.temperature or 1.0
+  update = step_lib.make_update_fn(
+      policy_graphdef=policy_graphdef, critic_graphdef=critic_graphdef, policy_optimizer=policy_opt,
+      critic_optimizer=critic_opt, advantage_fn=advantage_fn, loss=loss, allowed=allowed,
+      temperature=temperature, max_actions=_max_actions(rollout))
+  runner = loop_lib.RolloutRunner(policy_graphdef, model, tok, rollout)
+  greedy_runner = loop_lib.RolloutRunner(
+      policy_graphdef, model, tok,
+      dataclasses.replace(rollout, sampling=dataclasses.replace(rollout.sampling, temperature=0.0)))
+  run_eval = functools.partial(evaluate_lib.evaluate, greedy=greedy_runner, sampled=runner,
+                               make_env=make_env, config=evaluation)
+
+  ckpt = checkpoint_lib.Checkpointer(workdir)
+  writer = metrics_lib.MetricsWriter(workdir, process_index=jax.process_index())
+  extra: dict[str, Any] = {"iteration": 0, "warm_start_done": False, "success_before": None,
+                           "success_after_warm_start": None}
+  resumed_from = ckpt.latest_step()
+  if resumed_from is not None:
+    state, extra = ckpt.restore(target=state)
+    resumed_from = ckpt.restored_step
+    print(f"Resuming from the checkpoint at iteration {extra['iteration']} in {ckpt.directory}", flush=True)
+  base_key = jax.random.key(config.seed)
+
+  eval_key = jax.random.fold_in(base_key, 7)
+
+  def evaluate_now(params, tag: int) -> dict[str, float]:
+    # Tags: 0 before training, 1 after the warm start, 2 + iteration during RL.
+    return run_eval(params, rng=jax.random.fold_in(eval_key, tag))
+
+  if extra["success_before"] is None:
+    before = evaluate_now(state.policy_params, 0)
+    extra["success_before"] = before["eval/greedy_success"]
+    writer.write(0, {f"{k}_before": v for k, v in before.items()})
+    print(f"Held-out greedy success before training: {extra['success_before']:.3f}", flush=True)
+
+  if warm_start.iterations and not extra["warm_start_done"]:
+    state = _warm_start(state, policy_graphdef, tok, rollout, warm_start, config, make_env, allowed,
+                        temperature, model, writer)
+    after_ws = evaluate_now(state.policy_params, 1)
+    extra["success_after_warm_start"] = after_ws["eval/greedy_success"]
+    extra["warm_start_done"] = True
+    writer.write(0, {f"{k}_warm_start": v for k, v in after_ws.items()})
+    print(f"Held-out greedy success after the warm start: {extra['success_after_warm_start']:.3f}",
+          flush=True)
+    ckpt.save(0, state, extra)
+
+  progress = metrics_lib.ProgressBar(total=config.num_iterations, initial=extra["iteration"])
+  metrics: dict[str, float] = {}
+  last_eval: dict[str, float] = {}
+  for iteration in range(extra["iteration"], config.num_iterations):
+    start = time.perf_counter()
+    seeds, groups = _task_batch(config, iteration)
+    envs = [make_env() for _ in seeds]
+    traj, stats = runner.collect(envs, seeds, groups, params=state.policy_params,
+                                 rng=jax.random.fold_in(base_key, iteration))
+    metrics = _iteration_metrics(traj, stats)
+    state, update_metrics = update(state, _to_device(traj))
+    metrics.update({k: float(v) for k, v in jax.device_get(update_metrics).items()})
+    metrics["time/iteration_s"] = time.perf_counter() - start
+    if iteration == extra["iteration"] and jax.process_index() == 0:
+      _write_operative_config(workdir)
+    done = iteration + 1
+    if done % evaluation.every == 0 or done == config.num_iterations:
+      last_eval = evaluate_now(state.policy_params, 2 + done)
+      metrics.update(last_eval)
+    if done % config.log_every == 0 or done == config.num_iterations:
+      writer.write(done, metrics)
+    progress.update(done, {"success": metrics["train/success"],
+                           "eval": last_eval.get("eval/greedy_success", float("nan")),
+                           "loss": metrics.get("loss/policy", float("nan"))})
+    extra["iteration"] = done
+    if done % config.checkpoint_every == 0 or done == config.num_iterations:
+      ckpt.save(done, state, extra)
+  progress.close()
+  if not last_eval:
+    last_eval = evaluate_now(state.policy_params, 2 + config.num_iterations)
+  writer.close()
+  summary = TrainSummary(
+      iterations=extra["iteration"], resumed_from=resumed_from,
+      success_before=extra["success_before"],
+      success_after_warm_start=extra["success_after_warm_start"],
+      success_after=last_eval["eval/greedy_success"], final_metrics={**metrics, **last_eval})
+  _print_summary(summary, evaluation)
+  return summary
+
+
+def _warm_start(state, graphdef, tok, rollout, warm_start, config, make_env, allowed, temperature,
+                model, writer):
+  """Behaviour cloning on noisy scripted-expert episodes; returns the state with new policy params."""
+  optimizer = optax.adam(warm_start.learning_rate)
+  sft = step_lib.make_sft_fn(policy_graphdef=graphdef, optimizer=optimizer, allowed=allowed,
+                             temperature=temperature, max_actions=_max_actions(rollout))
+  demo_runner = loop_lib.RolloutRunner(graphdef, model, tok, rollout)
+  actor = loop_lib.noisy_expert(warm_start.expert_noise)
+  actor_rng = np.random.default_rng(config.seed)
+  params, opt_state = state.policy_params, optimizer.init(state.policy_params)
+  n = warm_start.episodes_per_iteration
+  for i in range(warm_start.iterations):
+    seeds = [_WARM_START_SEED_BASE + i * n + j for j in range(n)]
+    traj, _ = demo_runner.collect([make_env() for _ in seeds], seeds, list(range(n)), actor=actor,
+                                  actor_rng=actor_rng)
+    params, opt_state, m = sft(params, opt_state, _to_device(traj))
+    if (i + 1) % 10 == 0 or i + 1 == warm_start.iterations:
+      writer.write(0, {"warm_start/nll": float(m["sft/nll"]), "warm_start/iteration": i + 1})
+  return state.replace(policy_params=params,
+                       ref_params=params if state.ref_params is not None else None)
+
+
+def _write_operative_config(workdir: str) -> None:
+  with open(os.path.join(workdir, "operative_config.gin"), "w") as f:
+    f.write(gin.operative_config_str())
+
+
+def _print_summary(summary: TrainSummary, evaluation: configs.EvalConfig) -> None:
+  lines = [f"Done: {summary.iterations} iterations"
+           + (f" (resumed from checkpoint {summary.resumed_from})" if summary.resumed_from is not None else "")]
+  if summary.success_before is not None:
+    lines.append(f"  held-out greedy success before training: {summary.success_before:.3f}")
+  if summary.success_after_warm_start is not None:
+    lines.append(f"  after the warm start (behaviour cloning): {summary.success_after_warm_start:.3f}")
+  lines.append(f"  after RL: {summary.success_after:.3f}  ({evaluation.num_tasks} held-out tasks)")
+  key = f"eval/pass@{evaluation.pass_k}"
+  if key in summary.final_metrics:
+    lines.append(f"  sampled pass@{evaluation.pass_k}: {summary.final_metrics[key]:.3f}")
+  print("\n".join(lines), flush=True)

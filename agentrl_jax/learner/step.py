@@ -1,0 +1,264 @@
+"""The jitted update: score a batch (credit pipeline), then PPO-clip policy and value steps.
+
+`make_update_fn` returns one function `update(state, traj) -> (state, metrics)`, jitted with the
+state donated. Old log-probs and values are recomputed from the pre-update parameters (the
+behaviour policy at staleness 0); the gap to the sampler's own log-probs is reported as
+`logprob_drift` (TITO: it measures numerical mismatch only, since the tokens are identical).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from agentrl_jax import types
+from agentrl_jax.losses import kl as kl_lib
+from agentrl_jax.losses import policy as policy_loss
+from agentrl_jax.losses import value as value_loss
+from agentrl_jax.models import transformer
+from agentrl_jax.rollout import sampler as sampler_lib
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LossConfig:
+  """Policy/value loss hyperparameters (ALGORITHMS.md A.1, A.2)."""
+
+  clip_low: float = 0.2
+  clip_high: float = 0.2
+  dual_clip: float | None = 3.0
+  agg_mode: str = "token-mean"
+  max_len_norm: int | None = None
+  entropy_coef: float = 0.0
+  kl_coef: float = 0.0
+  kl_kind: str = "low_var_kl"
+  value_coef: float = 1.0
+  value_clip: float = 0.5
+  ppo_epochs: int = 1
+  num_minibatches: int = 1
+
+  def __post_init__(self):
+    if self.clip_low <= 0 or self.clip_high <= 0:
+      raise ValueError(f"LossConfig: clip_low/clip_high must be > 0, got {self.clip_low}, {self.clip_high}")
+    if self.dual_clip is not None and self.dual_clip <= 1:
+      raise ValueError(f"LossConfig.dual_clip must be > 1 or None, got {self.dual_clip}")
+    if self.ppo_epochs < 1 or self.num_minibatches < 1:
+      raise ValueError(f"LossConfig: ppo_epochs and num_minibatches must be >= 1, got "
+                       f"{self.ppo_epochs}, {self.num_minibatches}")
+    if self.agg_mode == "seq-mean-token-sum-norm" and not self.max_len_norm:
+      raise ValueError("LossConfig.agg_mode='seq-mean-token-sum-norm' needs max_len_norm (L_max)")
+
+
+def token_log_probs(logits: jax.Array, tokens: jax.Array, allowed: jax.Array | None,
+                    temperature: float) -> tuple[jax.Array, jax.Array]:
+  """Log-prob [B, L] of each token under the policy, and the policy's entropy there.
+
+  The logits at position t−1 predict token t; position 0 gets 0 (it is never an action token,
+  since every conversation opens with an observation).
+  """
+  logp_all = sampler_lib.policy_log_probs(logits[:, :-1], allowed, temperature)
+  logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
+  entropy = -jnp.sum(jnp.exp(logp_all) * jnp.where(jnp.isfinite(logp_all), logp_all, 0.0), axis=-1)
+  pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
+  return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, entropy], axis=1)
+
+
+class ActionView(NamedTuple):
+  """The first K action tokens of each row: their token index [B, K] and whether they exist."""
+
+  index: jax.Array
+  valid: jax.Array
+
+  def gather(self, x: jax.Array) -> jax.Array:
+    """[B, L] token-level array -> [B, K] values at the action tokens (0 where none)."""
+    return jnp.where(self.valid, jnp.take_along_axis(x, self.index, axis=1), 0).astype(x.dtype)
+
+
+def action_view(action_mask: jax.Array, max_actions: int) -> ActionView:
+  """Locates the action tokens; `max_actions` must bound the action tokens of any row.
+
+  Loss terms live on action tokens only, so the learner evaluates the LM head (the costliest
+  part of a small model: V columns per position) at these K positions instead of all L.
+  """
+  k = min(max_actions, action_mask.shape[1])
+  order = jnp.argsort(~action_mask, axis=1, stable=True)[:, :k].astype(jnp.int32)
+  return ActionView(index=order, valid=jnp.take_along_axis(action_mask, order, axis=1))
+
+
+def action_log_probs(graphdef: nnx.GraphDef, params, tokens, positions, view: ActionView,
+                     allowed: jax.Array | None, temperature: float) -> tuple[jax.Array, jax.Array]:
+  """Log-prob and policy entropy [B, K] at the action tokens of `view`.
+
+  The hidden state at position t−1 predicts token t, so the head reads the row before each action.
+  """
+  model = nnx.merge(graphdef, params)
+  features, _ = model.features(tokens, positions)
+  prev = jnp.maximum(view.index - 1, 0)
+  logits = model.head_out(jnp.take_along_axis(features, prev[..., None], axis=1))
+  logp_all = sampler_lib.policy_log_probs(logits, allowed, temperature)
+  picked = jnp.take_along_axis(tokens, view.index, axis=1)
+  logp = jnp.take_along_axis(logp_all, picked[..., None], axis=-1)[..., 0]
+  entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+  return jnp.where(view.valid, logp, 0.0), jnp.where(view.valid, entropy, 0.0)
+
+
+def shifted_values(values: jax.Array) -> jax.Array:
+  """Value of the state before token t is the critic's output at t−1 (the prefix that chose t)."""
+  return jnp.concatenate([jnp.zeros_like(values[:, :1]), values[:, :-1]], axis=1)
+
+
+def _tree_where(flag, new, old):
+  return jax.tree.map(lambda n, o: jnp.where(flag, n, o), new, old)
+
+
+def make_update_fn(
+    *, policy_graphdef: nnx.GraphDef, critic_graphdef: nnx.GraphDef | None,
+    policy_optimizer: optax.GradientTransformation,
+    critic_optimizer: optax.GradientTransformation | None,
+    advantage_fn: Callable[[types.Trajectories, jax.Array | None], Any],
+    loss: LossConfig, allowed: jax.Array | None, temperature: float = 1.0,
+    max_actions: int,
+) -> Callable[[types.ActorCriticState, types.Trajectories], tuple[types.ActorCriticState, dict]]:
+  """Builds the jitted update step.
+
+  Args:
+    policy_graphdef, critic_graphdef: module structures (critic None when unused).
+    policy_optimizer, critic_optimizer: optax transformations.
+    advantage_fn: (traj, token values or None) -> AdvantageOutput; the whole credit pipeline.
+    loss: loss hyperparameters.
+    allowed: [V] action-vocabulary mask shared with the sampler, or None.
+    temperature: the sampler's temperature (the policy is the tempered distribution).
+    max_actions: an upper bound on the action tokens of one trajectory (turns × per-turn cap).
+  """
+  use_critic = critic_graphdef is not None
+
+  def forward_policy(params, traj, positions, view):
+    return action_log_probs(policy_graphdef, params, traj.tokens, positions, view, allowed, temperature)
+
+  def forward_critic(params, traj, positions):
+    values, _ = transformer.apply(critic_graphdef, params, traj.tokens, positions)
+    return shifted_values(values.astype(jnp.float32))
+
+  def policy_objective(params, ref_params, traj, positions, view, old_logp, advantages, mask):
+    """Everything token-level here is [B, K] over the action tokens of `view`."""
+    logp, entropy = forward_policy(params, traj, positions, view)
+    if old_logp is None:  # one on-policy step: the behaviour policy is these very parameters
+      old_logp = jax.lax.stop_gradient(logp)
+    drift = policy_loss.aggregate(
+        jnp.abs(jax.lax.stop_gradient(logp) - view.gather(traj.sample_logprob)), view.valid,
+        "token-mean")
+    out = policy_loss.clipped_surrogate_loss(
+        logp, old_logp, advantages, mask, clip_low=loss.clip_low, clip_high=loss.clip_high,
+        dual_clip=loss.dual_clip, agg_mode=loss.agg_mode, max_len=loss.max_len_norm)
+    ent = policy_loss.aggregate(entropy, mask, "token-mean")
+    total = out.loss - loss.entropy_coef * ent
+    kl = jnp.zeros(())
+    if loss.kl_coef > 0:
+      ref_logp, _ = forward_policy(jax.lax.stop_gradient(ref_params), traj, positions, view)
+      kl = policy_loss.aggregate(kl_lib.kl_penalty(logp, ref_logp, loss.kl_kind), mask, loss.agg_mode,
+                                 max_len=loss.max_len_norm)
+      total = total + loss.kl_coef * kl
+    return total, {"loss/policy": out.loss, "loss/entropy": ent, "loss/kl": kl,
+                   "rollout/logprob_drift": drift,
+                   "loss/clip_fraction": out.clip_fraction, "loss/approx_kl": out.approx_kl}
+
+  def critic_objective(params, traj, positions, old_values, returns, mask):
+    values = forward_critic(params, traj, positions)
+    v_loss = value_loss.clipped_value_loss(values, old_values, returns, mask,
+                                           clip_eps=loss.value_clip, agg_mode=loss.agg_mode).loss
+    return loss.value_coef * v_loss, {"loss/value": v_loss}
+
+  def update(state: types.ActorCriticState, traj: types.Trajectories):
+    chex.assert_rank(traj.tokens, 2)
+    positions = transformer.positions_from_turns(traj.turn_of_token)
+    mask = traj.action_mask & traj.valid_trajectory[:, None]
+    # With a single on-policy step the pre-update log-probs come from the same forward pass
+    # as the gradient; recomputing them separately would cost a third of the update.
+    view = action_view(traj.action_mask, max_actions)
+    single_step = loss.ppo_epochs == 1 and loss.num_minibatches == 1
+    old_logp = None if single_step else forward_policy(state.policy_params, traj, positions, view)[0]
+    old_values = forward_critic(state.critic_params, traj, positions) if use_critic else None
+    scored = advantage_fn(traj, old_values)
+    advantages = jax.lax.stop_gradient(scored.advantages)
+    metrics = {
+        "credit/advantage_mean": policy_loss.aggregate(advantages, mask, "token-mean"),
+        "credit/advantage_abs": policy_loss.aggregate(jnp.abs(advantages), mask, "token-mean"),
+    }
+    action_advantages, action_mask = view.gather(advantages), view.gather(mask)
+    b = traj.tokens.shape[0]
+    if b % loss.num_minibatches:
+      raise ValueError(f"batch of {b} trajectories is not divisible into "
+                       f"{loss.num_minibatches} minibatches")
+    mb = b // loss.num_minibatches
+
+    def minibatch_step(state, idx):
+      sub = lambda x: jnp.take(x, idx, axis=0)
+      traj_mb = jax.tree.map(sub, traj)
+      pos_mb = jax.tree.map(sub, positions)
+      view_mb = jax.tree.map(sub, view)
+      (p_loss, p_metrics), p_grads = jax.value_and_grad(policy_objective, has_aux=True)(
+          state.policy_params, state.ref_params, traj_mb, pos_mb, view_mb,
+          None if old_logp is None else sub(old_logp), sub(action_advantages), sub(action_mask))
+      grads_finite = jnp.isfinite(optax.global_norm(p_grads)) & jnp.isfinite(p_loss)
+      updates, new_opt = policy_optimizer.update(p_grads, state.policy_opt_state, state.policy_params)
+      new_params = optax.apply_updates(state.policy_params, updates)
+      step_metrics = dict(p_metrics, **{"loss/grad_norm": optax.global_norm(p_grads)})
+      new_critic, new_critic_opt = state.critic_params, state.critic_opt_state
+      if use_critic:
+        (_, c_metrics), c_grads = jax.value_and_grad(critic_objective, has_aux=True)(
+            state.critic_params, traj_mb, pos_mb, sub(old_values), sub(scored.returns), sub(mask))
+        grads_finite &= jnp.isfinite(optax.global_norm(c_grads))
+        c_updates, new_critic_opt = critic_optimizer.update(
+            c_grads, state.critic_opt_state, state.critic_params)
+        new_critic = optax.apply_updates(state.critic_params, c_updates)
+        step_metrics.update(c_metrics)
+      # A non-finite loss or gradient skips the whole step; it never reaches the parameters.
+      new_state = state.replace(
+          policy_params=_tree_where(grads_finite, new_params, state.policy_params),
+          policy_opt_state=_tree_where(grads_finite, new_opt, state.policy_opt_state),
+          critic_params=_tree_where(grads_finite, new_critic, state.critic_params),
+          critic_opt_state=_tree_where(grads_finite, new_critic_opt, state.critic_opt_state))
+      step_metrics["loss/skipped_nonfinite"] = 1.0 - grads_finite.astype(jnp.float32)
+      return new_state, step_metrics
+
+    def epoch(state, key):
+      perm = jax.random.permutation(key, b).reshape(loss.num_minibatches, mb)
+      return jax.lax.scan(minibatch_step, state, perm)
+
+    rng, key = jax.random.split(state.rng)
+    keys = jax.random.split(key, loss.ppo_epochs)
+    state, step_metrics = jax.lax.scan(epoch, state, keys)
+    metrics.update(jax.tree.map(jnp.mean, step_metrics))
+    metrics["loss/skipped_nonfinite"] = jnp.sum(step_metrics["loss/skipped_nonfinite"])
+    return state.replace(step=state.step + 1, rng=rng), metrics
+
+  return jax.jit(update, donate_argnums=(0,))
+
+
+def make_sft_fn(*, policy_graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
+                allowed: jax.Array | None, temperature: float = 1.0, max_actions: int):
+  """Jitted behaviour-cloning step on action tokens (warm start from scripted demonstrations).
+
+  Returns `sft(params, opt_state, traj) -> (params, opt_state, metrics)`; the loss is the
+  token-mean negative log-likelihood of the demonstrated action tokens under the same
+  restricted policy the sampler uses.
+  """
+
+  def nll(params, traj):
+    positions = transformer.positions_from_turns(traj.turn_of_token)
+    view = action_view(traj.action_mask, max_actions)
+    logp, _ = action_log_probs(policy_graphdef, params, traj.tokens, positions, view, allowed,
+                               temperature)
+    return -policy_loss.aggregate(logp, view.valid, "token-mean")
+
+  def sft(params, opt_state, traj):
+    value, grads = jax.value_and_grad(nll)(params, traj)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, {"sft/nll": value}
+
+  return jax.jit(sft, donate_argnums=(0, 1))

@@ -1,0 +1,350 @@
+"""Decoder-only transformer LM (Flax NNX), used functionally at the jit boundary.
+
+RMSNorm, grouped-query attention, SwiGLU, optional q/k/v bias (Qwen2), tied or untied embeddings.
+Two position schemes:
+  * `rope`: rotary embeddings over the absolute position (Llama / Qwen).
+  * `turn_slot`: a learned turn embedding plus a learned within-turn slot embedding, with an
+    ALiBi-style recency bias in attention. A tiny policy trained from scratch reads the latest
+    observation far more easily this way (measured: with plain learned positions it ignored the
+    board entirely), so the quickstart uses it.
+
+The KV cache is an explicit pytree argument and return value (`KVCache`), never module state.
+Every parameter carries `logical_axes` metadata naming its axes; `parallel/rules.py` maps these
+to mesh axes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal, NamedTuple
+
+import chex
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+# Logical axis names (DESIGN.md "Models and sharding").
+BATCH, SEQ, EMBED, MLP, HEADS, KV, VOCAB, TURN = (
+    "batch", "seq", "embed", "mlp", "heads", "kv", "vocab", "turn")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class TransformerConfig:
+  """Architecture hyperparameters; validated on construction."""
+
+  vocab_size: int
+  num_layers: int = 2
+  d_model: int = 64
+  num_heads: int = 4
+  num_kv_heads: int | None = None
+  head_dim: int | None = None
+  mlp_dim: int | None = None
+  position: Literal["rope", "turn_slot"] = "rope"
+  rope_theta: float = 10000.0
+  max_turns: int = 64
+  max_slots: int = 128
+  alibi: bool = False
+  qkv_bias: bool = False
+  tie_embeddings: bool = True
+  norm_eps: float = 1e-6
+  head: Literal["lm", "value"] = "lm"
+
+  def __post_init__(self):
+    for name in ("vocab_size", "num_layers", "d_model", "num_heads", "max_turns", "max_slots"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"TransformerConfig.{name} must be positive, got {getattr(self, name)}")
+    if self.position not in ("rope", "turn_slot"):
+      raise ValueError(f"TransformerConfig.position must be 'rope' or 'turn_slot', got {self.position!r}")
+    if self.head not in ("lm", "value"):
+      raise ValueError(f"TransformerConfig.head must be 'lm' or 'value', got {self.head!r}")
+    if self.num_heads % self.kv_heads:
+      raise ValueError(
+          f"TransformerConfig.num_heads={self.num_heads} is not a multiple of num_kv_heads={self.kv_heads}")
+    if self.head_dim is None and self.d_model % self.num_heads:
+      raise ValueError(
+          f"TransformerConfig.d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
+    if self.position == "rope" and self.dim_per_head % 2:
+      raise ValueError(f"RoPE needs an even head_dim, got {self.dim_per_head}")
+
+  @property
+  def kv_heads(self) -> int:
+    return self.num_kv_heads or self.num_heads
+
+  @property
+  def dim_per_head(self) -> int:
+    return self.head_dim or self.d_model // self.num_heads
+
+  @property
+  def hidden_dim(self) -> int:
+    return self.mlp_dim or 4 * self.d_model
+
+
+def tiny(vocab_size: int, **overrides) -> TransformerConfig:
+  """2 layers, width 64, 4 heads: trains on CPU in minutes (tests, quickstart)."""
+  kw = dict(num_layers=2, d_model=64, num_heads=4, mlp_dim=256)
+  kw.update(overrides)
+  return TransformerConfig(vocab_size=vocab_size, **kw)
+
+
+def small(vocab_size: int, **overrides) -> TransformerConfig:
+  """6 layers, width 256, 8 heads (2 kv heads)."""
+  kw = dict(num_layers=6, d_model=256, num_heads=8, num_kv_heads=2, mlp_dim=1024)
+  kw.update(overrides)
+  return TransformerConfig(vocab_size=vocab_size, **kw)
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Keys and values of every layer, [layers, B, S, kv_heads, head_dim], and valid lengths [B]."""
+
+  k: jax.Array
+  v: jax.Array
+  length: jax.Array
+
+  @property
+  def capacity(self) -> int:
+    return self.k.shape[2]
+
+
+def init_cache(config: TransformerConfig, batch_size: int, capacity: int,
+               dtype=jnp.float32) -> KVCache:
+  shape = (config.num_layers, batch_size, capacity, config.kv_heads, config.dim_per_head)
+  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                 length=jnp.zeros((batch_size,), jnp.int32))
+
+
+class Positions(NamedTuple):
+  """Where each input token sits: absolute position, turn index and slot within the turn, [B, T]."""
+
+  position: jax.Array
+  turn: jax.Array
+  slot: jax.Array
+
+
+def _param(rngs: nnx.Rngs, init, shape, axes) -> nnx.Param:
+  return nnx.Param(init(rngs.params(), shape, jnp.float32), logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+
+  def __init__(self, dim: int, eps: float):
+    self.scale = nnx.Param(jnp.ones((dim,), jnp.float32), logical_axes=(EMBED,))
+    self.eps = eps
+
+  def __call__(self, x):
+    var = jnp.mean(jnp.square(x.astype(jnp.float32)), axis=-1, keepdims=True)
+    return (x * jax.lax.rsqrt(var + self.eps) * self.scale[...]).astype(x.dtype)
+
+
+def rope_frequencies(head_dim: int, theta: float) -> jax.Array:
+  return 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+
+
+def apply_rope(x: jax.Array, position: jax.Array, inv_freq: jax.Array) -> jax.Array:
+  """Rotates [B, T, H, D] by angle position·inv_freq (the half-split convention of Llama/Qwen)."""
+  angles = position[..., None].astype(jnp.float32) * inv_freq  # [B, T, D/2]
+  sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def alibi_slopes(num_heads: int) -> jax.Array:
+  """Geometric per-head slopes 2^(-8h/H), h = 1..H (Press et al.)."""
+  return 2.0 ** (-8.0 * jnp.arange(1, num_heads + 1, dtype=jnp.float32) / num_heads)
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, config: TransformerConfig, rngs: nnx.Rngs):
+    c = config
+    self.config = c
+    init = nnx.initializers.normal(stddev=1.0 / math.sqrt(c.d_model))
+    out_init = nnx.initializers.normal(stddev=1.0 / math.sqrt(c.num_heads * c.dim_per_head))
+    self.wq = _param(rngs, init, (c.d_model, c.num_heads, c.dim_per_head), (EMBED, HEADS, KV))
+    self.wk = _param(rngs, init, (c.d_model, c.kv_heads, c.dim_per_head), (EMBED, HEADS, KV))
+    self.wv = _param(rngs, init, (c.d_model, c.kv_heads, c.dim_per_head), (EMBED, HEADS, KV))
+    self.wo = _param(rngs, out_init, (c.num_heads, c.dim_per_head, c.d_model), (HEADS, KV, EMBED))
+    if c.qkv_bias:
+      zeros = nnx.initializers.zeros
+      self.bq = _param(rngs, zeros, (c.num_heads, c.dim_per_head), (HEADS, KV))
+      self.bk = _param(rngs, zeros, (c.kv_heads, c.dim_per_head), (HEADS, KV))
+      self.bv = _param(rngs, zeros, (c.kv_heads, c.dim_per_head), (HEADS, KV))
+
+  def _project(self, x):
+    q = jnp.einsum("btd,dhk->bthk", x, self.wq[...])
+    k = jnp.einsum("btd,dhk->bthk", x, self.wk[...])
+    v = jnp.einsum("btd,dhk->bthk", x, self.wv[...])
+    if self.config.qkv_bias:
+      q, k, v = q + self.bq[...], k + self.bk[...], v + self.bv[...]
+    return q, k, v
+
+  def __call__(self, x, pos: Positions, layer_cache: tuple[jax.Array, jax.Array] | None,
+               cache_length: jax.Array | None):
+    """Self-attention over the chunk, and over the cache when one is given.
+
+    Args:
+      x: [B, T, D] the chunk's hidden states.
+      pos: positions of the chunk's tokens.
+      layer_cache: (k, v) [B, S, KV, Dh] of this layer, or None for a full forward pass.
+      cache_length: [B] number of valid cached positions; the chunk is written at that offset.
+    Returns:
+      ([B, T, D] output, updated (k, v) or None).
+    """
+    c = self.config
+    q, k, v = self._project(x)
+    if c.position == "rope":
+      inv_freq = rope_frequencies(c.dim_per_head, c.rope_theta)
+      q = apply_rope(q, pos.position, inv_freq)
+      k = apply_rope(k, pos.position, inv_freq)
+    if layer_cache is None:
+      keys, values, key_pos = k, v, pos.position
+      key_valid = jnp.ones(key_pos.shape, bool)
+      new_cache = None
+    else:
+      write = jax.vmap(lambda buf, new, start: jax.lax.dynamic_update_slice(buf, new, (start, 0, 0)))
+      keys = write(layer_cache[0], k.astype(layer_cache[0].dtype), cache_length)
+      values = write(layer_cache[1], v.astype(layer_cache[1].dtype), cache_length)
+      capacity = keys.shape[1]
+      key_pos = jnp.broadcast_to(jnp.arange(capacity, dtype=jnp.int32), (x.shape[0], capacity))
+      key_valid = jnp.ones(key_pos.shape, bool)
+      new_cache = (keys, values)
+    group = c.num_heads // c.kv_heads
+    qg = q.reshape(q.shape[0], q.shape[1], c.kv_heads, group, c.dim_per_head)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, keys.astype(q.dtype)).astype(jnp.float32)
+    scores = scores / math.sqrt(c.dim_per_head)
+    distance = pos.position[:, :, None] - key_pos[:, None, :]  # [B, T, S]
+    if c.alibi:
+      slopes = alibi_slopes(c.num_heads).reshape(c.kv_heads, group)
+      scores = scores - slopes[None, :, :, None, None] * distance[:, None, None].astype(jnp.float32)
+    allowed = (distance >= 0) & key_valid[:, None, :]
+    scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(x.dtype))
+    out = out.reshape(out.shape[0], out.shape[1], c.num_heads, c.dim_per_head)
+    return jnp.einsum("bthk,hkd->btd", out, self.wo[...]), new_cache
+
+
+class SwiGLU(nnx.Module):
+
+  def __init__(self, config: TransformerConfig, rngs: nnx.Rngs):
+    d, h = config.d_model, config.hidden_dim
+    self.w_gate = _param(rngs, nnx.initializers.normal(1.0 / math.sqrt(d)), (d, h), (EMBED, MLP))
+    self.w_up = _param(rngs, nnx.initializers.normal(1.0 / math.sqrt(d)), (d, h), (EMBED, MLP))
+    self.w_down = _param(rngs, nnx.initializers.normal(1.0 / math.sqrt(h)), (h, d), (MLP, EMBED))
+
+  def __call__(self, x):
+    gated = jax.nn.silu(x @ self.w_gate[...]) * (x @ self.w_up[...])
+    return gated @ self.w_down[...]
+
+
+class Block(nnx.Module):
+
+  def __init__(self, config: TransformerConfig, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
+    self.attn = Attention(config, rngs)
+    self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
+    self.mlp = SwiGLU(config, rngs)
+
+  def __call__(self, x, pos, layer_cache, cache_length):
+    h, new_cache = self.attn(self.attn_norm(x), pos, layer_cache, cache_length)
+    x = x + h
+    return x + self.mlp(self.mlp_norm(x)), new_cache
+
+
+class Transformer(nnx.Module):
+  """Decoder LM (head='lm': logits [B, T, V]) or critic (head='value': values [B, T])."""
+
+  def __init__(self, config: TransformerConfig, rngs: nnx.Rngs):
+    c = config
+    self.config = c
+    # 1/sqrt(D) keeps the tied head's initial logits near unit scale: a near-uniform first policy.
+    embed_init = nnx.initializers.normal(1.0 / math.sqrt(c.d_model))
+    self.embed = _param(rngs, embed_init, (c.vocab_size, c.d_model), (VOCAB, EMBED))
+    if c.position == "turn_slot":
+      self.turn_embed = _param(rngs, embed_init, (c.max_turns, c.d_model), (TURN, EMBED))
+      self.slot_embed = _param(rngs, embed_init, (c.max_slots, c.d_model), (SEQ, EMBED))
+    self.blocks = nnx.List([Block(c, rngs) for _ in range(c.num_layers)])
+    self.final_norm = RMSNorm(c.d_model, c.norm_eps)
+    if c.head == "value":
+      self.value_head = _param(rngs, nnx.initializers.zeros, (c.d_model,), (EMBED,))
+    elif not c.tie_embeddings:
+      self.lm_head = _param(rngs, nnx.initializers.normal(1.0 / math.sqrt(c.d_model)),
+                            (c.d_model, c.vocab_size), (EMBED, VOCAB))
+
+  def embed_tokens(self, tokens, pos: Positions):
+    c = self.config
+    x = jnp.take(self.embed[...], tokens, axis=0)
+    if c.position == "turn_slot":
+      x = x + jnp.take(self.turn_embed[...], jnp.clip(pos.turn, 0, c.max_turns - 1), axis=0)
+      x = x + jnp.take(self.slot_embed[...], jnp.clip(pos.slot, 0, c.max_slots - 1), axis=0)
+    return x
+
+  def head_out(self, h):
+    c = self.config
+    if c.head == "value":
+      return h @ self.value_head[...]
+    if c.tie_embeddings:
+      return h @ self.embed[...].T
+    return h @ self.lm_head[...]
+
+  def __call__(self, tokens: jax.Array, pos: Positions, cache: KVCache | None = None):
+    """Forward pass over a chunk of tokens.
+
+    Args:
+      tokens: [B, T] int32.
+      pos: positions of the tokens; with a cache, pos.position must be cache.length + arange(T).
+      cache: None for a full pass from position 0, or the cache to extend. The chunk is written
+        at offset cache.length[b]; the caller advances `length` by the number of valid tokens.
+    Returns:
+      (logits [B, T, V] or values [B, T], updated cache or None).
+    """
+    features, cache = self.features(tokens, pos, cache)
+    return self.head_out(features), cache
+
+  def features(self, tokens: jax.Array, pos: Positions, cache: KVCache | None = None):
+    """The final-normed hidden states [B, T, D] the head reads, and the updated cache.
+
+    Callers that need the head at a few positions only (the learner: action tokens) gather
+    these first and call `head_out` on the gathered rows.
+    """
+    chex.assert_rank([tokens, pos.position], 2)
+    x = self.embed_tokens(tokens, pos)
+    new_k, new_v = [], []
+    for i, block in enumerate(self.blocks):
+      layer_cache = None if cache is None else (cache.k[i], cache.v[i])
+      x, layer_new = block(x, pos, layer_cache, None if cache is None else cache.length)
+      if layer_new is not None:
+        new_k.append(layer_new[0])
+        new_v.append(layer_new[1])
+    x = self.final_norm(x)
+    if cache is None:
+      return x, None
+    return x, cache.replace(k=jnp.stack(new_k), v=jnp.stack(new_v))
+
+
+def create(config: TransformerConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State]:
+  """Builds the module and splits it into (graphdef, params) for functional use."""
+  model = Transformer(config, nnx.Rngs(params=seed))
+  return nnx.split(model, nnx.Param)
+
+
+def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens, pos: Positions,
+          cache: KVCache | None = None):
+  """Functional forward: merges the module for this call only (pure under jit)."""
+  return nnx.merge(graphdef, params)(tokens, pos, cache)
+
+
+def positions_from_turns(turn_of_token: jax.Array) -> Positions:
+  """Positions of a full conversation [B, L] laid out as in `types.Trajectories`.
+
+  slot = offset of the token from the first token of its turn. Padding (turn −1) gets slot 0.
+  """
+  b, l = turn_of_token.shape
+  position = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
+  is_start = jnp.concatenate(
+      [jnp.ones((b, 1), bool), turn_of_token[:, 1:] != turn_of_token[:, :-1]], axis=1)
+  start = jax.lax.cummax(jnp.where(is_start, position, 0), axis=1)
+  slot = jnp.where(turn_of_token >= 0, position - start, 0)
+  return Positions(position=position, turn=jnp.maximum(turn_of_token, 0), slot=slot)

@@ -1,0 +1,269 @@
+"""Host-side multi-turn rollout loop: steps a batch of text envs turn by turn.
+
+Each turn: every live env's new observation is tokenized once on arrival and appended to its
+conversation; one jitted call prefills those tokens into the per-row KV cache and samples the
+actions; the sampled ids are written to the trajectory exactly as drawn (TITO), decoded to text,
+and sent to the envs. The result is one `Trajectories` with static shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from agentrl_jax import types
+from agentrl_jax.envs import base as envs_base
+from agentrl_jax.models import tokenizer as tokenizer_lib
+from agentrl_jax.models import transformer
+from agentrl_jax.rollout import sampler as sampler_lib
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutConfig:
+  """Static shapes and budgets of a rollout.
+
+  Attributes:
+    max_turns: N, turn slots per trajectory (the env's own step cap should not exceed it).
+    max_len: L, token budget per trajectory; a conversation that would overflow it is ended as
+      truncated (done, not successful).
+    obs_buckets: chunk lengths an observation is padded to, so the sampler compiles once per bucket.
+    length_buckets: lengths a finished batch is trimmed to (the smallest that holds its longest
+      conversation), so the learner compiles once per bucket instead of always paying for
+      `max_len`. Empty = always `max_len`.
+    sampling: how actions are drawn.
+  """
+
+  max_turns: int = 10
+  max_len: int = 384
+  obs_buckets: tuple[int, ...] = (48, 96, 192)
+  length_buckets: tuple[int, ...] = ()
+  sampling: sampler_lib.SamplingConfig = sampler_lib.SamplingConfig()
+
+  def __post_init__(self):
+    if self.max_turns <= 0 or self.max_len <= 0:
+      raise ValueError(f"RolloutConfig: max_turns and max_len must be positive, got "
+                       f"{self.max_turns}, {self.max_len}")
+    if not self.obs_buckets or list(self.obs_buckets) != sorted(self.obs_buckets):
+      raise ValueError(f"RolloutConfig.obs_buckets must be non-empty and ascending, got {self.obs_buckets}")
+    if list(self.length_buckets) != sorted(self.length_buckets) or any(
+        not 0 < n <= self.max_len for n in self.length_buckets):
+      raise ValueError(f"RolloutConfig.length_buckets must be ascending and within max_len="
+                       f"{self.max_len}, got {self.length_buckets}")
+
+  def trimmed_length(self, used: int) -> int:
+    """The bucket a batch whose longest conversation has `used` tokens is trimmed to."""
+    for size in self.length_buckets:
+      if used <= size:
+        return size
+    return self.max_len
+
+  @property
+  def cache_capacity(self) -> int:
+    # Headroom of one full chunk: a padded chunk written at the end of a full row must not clamp.
+    return self.max_len + self.obs_buckets[-1] + self.sampling.max_action_tokens
+
+
+@dataclasses.dataclass
+class RolloutStats:
+  """Host-side counters of one rollout."""
+
+  episodes: int = 0
+  turns: int = 0
+  sampled_tokens: int = 0
+  env_errors: int = 0
+  invalid_actions: int = 0
+  truncated: int = 0
+  seconds: float = 0.0
+
+  def as_metrics(self, prefix: str = "rollout/") -> dict[str, float]:
+    secs = max(self.seconds, 1e-9)
+    return {
+        f"{prefix}episodes": self.episodes, f"{prefix}turns": self.turns,
+        f"{prefix}env_errors": self.env_errors, f"{prefix}invalid_action_rate":
+            self.invalid_actions / max(self.turns, 1),
+        f"{prefix}truncated": self.truncated, f"{prefix}tokens_per_s": self.sampled_tokens / secs,
+        f"{prefix}turns_per_s": self.turns / secs, f"{prefix}seconds": self.seconds,
+    }
+
+
+# An actor maps (env, turn) to an action text; used for scripted demonstrations.
+ScriptedActor = Callable[[envs_base.TextEnv, np.random.Generator], str]
+
+
+def noisy_expert(noise: float) -> ScriptedActor:
+  """The env's expert action, replaced by a uniformly random valid action with prob. `noise`."""
+
+  def act(env: envs_base.TextEnv, rng: np.random.Generator) -> str:
+    if noise > 0 and env.action_words and rng.random() < noise:
+      return str(rng.choice(env.action_words))
+    return env.expert_action()
+
+  return act
+
+
+def trim_tokens(traj: types.Trajectories, length: int) -> types.Trajectories:
+  """Drops token columns from `length` on (they must be padding)."""
+  cut = lambda x: x[:, :length]
+  return traj.replace(tokens=cut(traj.tokens), action_mask=cut(traj.action_mask),
+                      turn_of_token=cut(traj.turn_of_token), sample_logprob=cut(traj.sample_logprob))
+
+
+def _bucket(n: int, buckets: Sequence[int]) -> int:
+  for size in buckets:
+    if n <= size:
+      return size
+  raise ValueError(f"observation of {n} tokens exceeds the largest bucket {buckets[-1]}; "
+                   f"raise RolloutConfig.obs_buckets")
+
+
+class RolloutRunner:
+  """Collects batches of trajectories from text envs with a policy or a scripted actor."""
+
+  def __init__(self, graphdef, model_config: transformer.TransformerConfig,
+               tokenizer: tokenizer_lib.Tokenizer, config: RolloutConfig):
+    self.config = config
+    self.tokenizer = tokenizer
+    self.model_config = model_config
+    self._sample_turn = sampler_lib.make_turn_sampler(graphdef, config.sampling, model_config.vocab_size)
+    self._stop_ids = set(config.sampling.stop_token_ids)
+
+  def observation_tokens(self, text: str) -> list[int]:
+    """The chunk an observation becomes: <|obs|> text <|act|>."""
+    tok = self.tokenizer
+    return [tok.obs_id] + tok.encode(text) + [tok.act_id]
+
+  def action_text(self, ids: Sequence[int]) -> str:
+    return self.tokenizer.decode([i for i in ids if i not in self._stop_ids])
+
+  def collect(self, envs: Sequence[envs_base.TextEnv], seeds: Sequence[int],
+              group_ids: Sequence[int], *, params=None, rng: jax.Array | None = None,
+              actor: ScriptedActor | None = None,
+              actor_rng: np.random.Generator | None = None) -> tuple[types.Trajectories, RolloutStats]:
+    """Plays one episode per env and returns them as a batch.
+
+    Args:
+      envs: B environments (reset here with `seeds`).
+      seeds: B episode seeds.
+      group_ids: B group ids in [0, B) (same task and seed => same group).
+      params, rng: the policy parameters and sampling key (policy rollout).
+      actor, actor_rng: a scripted actor instead of the policy (demonstrations).
+    """
+    if (params is None) == (actor is None):
+      raise ValueError("collect: pass exactly one of `params` (policy) or `actor` (scripted)")
+    cfg = self.config
+    b = len(envs)
+    if not len(seeds) == len(group_ids) == b:
+      raise ValueError(f"collect: {b} envs, {len(seeds)} seeds, {len(group_ids)} group ids")
+    start_time = time.perf_counter()
+    traj = types.empty_trajectories(b, cfg.max_len, cfg.max_turns)
+    traj.group_id[:] = np.asarray(group_ids, np.int32)
+    stats = RolloutStats(episodes=b)
+    observations: list[str | None] = [None] * b
+    for i, (env, seed) in enumerate(zip(envs, seeds)):
+      observations[i] = env.reset(int(seed))
+    active = np.ones(b, bool)
+    cursor = np.zeros(b, np.int32)
+    cache = None
+    if actor is None:
+      cache = transformer.init_cache(self.model_config, b, cfg.cache_capacity)
+    for turn in range(cfg.max_turns):
+      chunks = self._append_observations(traj, observations, active, cursor, turn, stats)
+      if not active.any():
+        break
+      if actor is None:
+        actions, cache = self._policy_actions(params, cache, chunks, active, turn,
+                                              jax.random.fold_in(rng, turn))
+      else:
+        actions = self._scripted_actions(envs, actor, actor_rng, active)
+      self._write_actions(traj, actions, active, cursor, turn, stats)
+      self._step_envs(envs, traj, actions, observations, active, turn, stats)
+    for i in np.flatnonzero(active):  # still playing at the turn budget: cut off, not a success
+      stats.truncated += 1
+      traj.done[i, cfg.max_turns - 1] = True
+    traj.turn_mask[:] = traj.turn_end > traj.turn_start
+    traj = trim_tokens(traj, cfg.trimmed_length(int(cursor.max())))
+    stats.seconds = time.perf_counter() - start_time
+    return traj, stats
+
+  def _append_observations(self, traj, observations, active, cursor, turn, stats):
+    """Tokenizes each live row's observation once and writes it; ends rows that would overflow."""
+    cfg = self.config
+    chunks: list[list[int]] = [[] for _ in observations]
+    for i in np.flatnonzero(active):
+      ids = self.observation_tokens(observations[i])
+      if cursor[i] + len(ids) + cfg.sampling.max_action_tokens > cfg.max_len or len(ids) > cfg.obs_buckets[-1]:
+        active[i] = False
+        stats.truncated += 1
+        if turn > 0:
+          traj.done[i, turn - 1] = True
+        continue
+      traj.tokens[i, cursor[i]:cursor[i] + len(ids)] = ids
+      traj.turn_of_token[i, cursor[i]:cursor[i] + len(ids)] = turn
+      cursor[i] += len(ids)
+      chunks[i] = ids
+    return chunks
+
+  def _policy_actions(self, params, cache, chunks, active, turn, key):
+    width = _bucket(max(len(c) for c in chunks), self.config.obs_buckets)
+    obs = np.zeros((len(chunks), width), np.int32)
+    obs_len = np.zeros((len(chunks),), np.int32)
+    for i, ids in enumerate(chunks):
+      obs[i, :len(ids)] = ids
+      obs_len[i] = len(ids)
+    out = self._sample_turn(params, cache, obs, obs_len, active, np.int32(turn), key)
+    tokens, logprobs, num = jax.device_get((out.tokens, out.logprobs, out.num_tokens))
+    actions = [(list(tokens[i, :num[i]]), list(logprobs[i, :num[i]])) for i in range(len(chunks))]
+    return actions, out.cache
+
+  def _scripted_actions(self, envs, actor, actor_rng, active):
+    actions = [([], []) for _ in envs]
+    for i in np.flatnonzero(active):
+      ids = self.tokenizer.encode(actor(envs[i], actor_rng))[:self.config.sampling.max_action_tokens]
+      actions[i] = (ids, [0.0] * len(ids))
+    return actions
+
+  def _write_actions(self, traj, actions, active, cursor, turn, stats):
+    for i in np.flatnonzero(active):
+      ids, logps = actions[i]
+      n = len(ids)
+      traj.tokens[i, cursor[i]:cursor[i] + n] = ids
+      traj.action_mask[i, cursor[i]:cursor[i] + n] = True
+      traj.turn_of_token[i, cursor[i]:cursor[i] + n] = turn
+      traj.sample_logprob[i, cursor[i]:cursor[i] + n] = logps
+      traj.turn_start[i, turn] = cursor[i]
+      traj.turn_end[i, turn] = cursor[i] + n
+      cursor[i] += n
+      stats.sampled_tokens += n
+
+  def _step_envs(self, envs, traj, actions, observations, active, turn, stats):
+    for i in np.flatnonzero(active):
+      stats.turns += 1
+      text = self.action_text(actions[i][0])
+      try:
+        result = envs[i].step(text)
+        if not isinstance(result.observation, str):
+          raise TypeError(f"env returned a {type(result.observation).__name__} observation")
+      except Exception:  # pylint: disable=broad-except
+        # A faulted env ends only its own trajectory; it is excluded from the loss downstream.
+        traj.env_error[i, turn] = True
+        traj.done[i, turn] = True
+        active[i] = False
+        stats.env_errors += 1
+        continue
+      valid = bool(result.info.get("action_valid", True))
+      stats.invalid_actions += int(not valid)
+      traj.reward[i, turn] = result.reward
+      traj.action_valid[i, turn] = valid
+      traj.obs_hash[i, turn] = envs_base.observation_hash(result.observation)
+      traj.outcome[i] += result.reward
+      observations[i] = result.observation
+      if result.done:
+        traj.done[i, turn] = True
+        traj.success[i] = bool(result.info.get("success", False))
+        for name, value in result.info.get("sub_outcomes", {}).items():
+          traj.sub_outcomes.setdefault(name, np.zeros(len(envs), np.float32))[i] = value
+        active[i] = False

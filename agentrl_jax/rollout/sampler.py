@@ -1,0 +1,152 @@
+"""Jitted turn sampler: prefill the new observation into the KV cache, then decode the action.
+
+One call per turn for the whole batch. Each trajectory keeps its own cache across turns, so a turn
+prefills only the tokens that arrived since the last one. Sampled ids are returned exactly (TITO)
+with the log-probs of the distribution they were drawn from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from agentrl_jax.models import transformer
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingConfig:
+  """How action tokens are drawn.
+
+  Attributes:
+    temperature: softmax temperature; 0 means greedy (arg-max).
+    top_k: keep only the k most likely tokens (0 = all).
+    max_action_tokens: per-turn token cap; the turn ends there even without a stop token.
+    stop_token_ids: a sampled stop token ends the turn (it is kept as an action token).
+    allowed_token_ids: restrict the action vocabulary (constrained decoding), or None for all.
+      The learner applies the same restriction, so training log-probs match sampling log-probs.
+  """
+
+  temperature: float = 1.0
+  top_k: int = 0
+  max_action_tokens: int = 32
+  stop_token_ids: tuple[int, ...] = ()
+  allowed_token_ids: tuple[int, ...] | None = None
+
+  def __post_init__(self):
+    if self.temperature < 0:
+      raise ValueError(f"SamplingConfig.temperature must be >= 0, got {self.temperature}")
+    if self.top_k < 0:
+      raise ValueError(f"SamplingConfig.top_k must be >= 0, got {self.top_k}")
+    if self.max_action_tokens <= 0:
+      raise ValueError(f"SamplingConfig.max_action_tokens must be positive, got {self.max_action_tokens}")
+    if self.allowed_token_ids is not None and not self.allowed_token_ids:
+      raise ValueError("SamplingConfig.allowed_token_ids is empty: nothing could be sampled")
+
+
+def vocabulary_mask(vocab_size: int, allowed_token_ids: tuple[int, ...] | None) -> jax.Array | None:
+  """[V] bool mask of samplable tokens, or None when every token is allowed."""
+  if allowed_token_ids is None:
+    return None
+  bad = [t for t in allowed_token_ids if not 0 <= t < vocab_size]
+  if bad:
+    raise ValueError(f"allowed_token_ids {bad} are outside the vocabulary [0, {vocab_size})")
+  return jnp.zeros((vocab_size,), bool).at[jnp.asarray(allowed_token_ids)].set(True)
+
+
+def policy_log_probs(logits: jax.Array, allowed: jax.Array | None, temperature: float = 1.0) -> jax.Array:
+  """Log-probabilities of the policy's action distribution [..., V].
+
+  The single definition of the policy shared by the sampler and the learner (TITO): the same
+  vocabulary restriction and temperature on both sides.
+  """
+  logits = logits.astype(jnp.float32)
+  if temperature > 0:
+    logits = logits / temperature
+  if allowed is not None:
+    logits = jnp.where(allowed, logits, -1e30)
+  return jax.nn.log_softmax(logits, axis=-1)
+
+
+class TurnSample(NamedTuple):
+  """Tokens [B, A], their log-probs [B, A], how many are valid [B], and the extended cache."""
+
+  tokens: jax.Array
+  logprobs: jax.Array
+  num_tokens: jax.Array
+  cache: transformer.KVCache
+
+
+def _draw(key, logp: jax.Array, config: SamplingConfig) -> jax.Array:
+  if config.temperature == 0:
+    return jnp.argmax(logp, axis=-1).astype(jnp.int32)
+  if config.top_k:
+    kth = jax.lax.top_k(logp, config.top_k)[0][..., -1:]
+    logp = jnp.where(logp < kth, -1e30, logp)
+  return jax.random.categorical(key, logp, axis=-1).astype(jnp.int32)
+
+
+def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KVCache,
+                obs_tokens: jax.Array, obs_len: jax.Array, active: jax.Array, turn: jax.Array,
+                rng: jax.Array, *, config: SamplingConfig, vocab_size: int) -> TurnSample:
+  """Prefills each row's new observation, then samples up to `max_action_tokens` action tokens.
+
+  Args:
+    graphdef, params: the policy.
+    cache: per-row KV cache holding the conversation so far (cache.length tokens).
+    obs_tokens: [B, T] the observation chunk of this turn, right-padded.
+    obs_len: [B] valid tokens in each row's chunk (≥ 1 for active rows).
+    active: [B] rows still playing; inactive rows neither sample nor advance their cache.
+    turn: [] int32 turn index of this chunk and its action.
+    rng: key for this turn.
+    config: sampling rules (static).
+    vocab_size: V (static).
+  Returns:
+    TurnSample; tokens past a row's `num_tokens` are padding (0).
+  """
+  model = nnx.merge(graphdef, params)
+  allowed = vocabulary_mask(vocab_size, config.allowed_token_ids)
+  b, t = obs_tokens.shape
+  obs_len = jnp.where(active, obs_len, 0)
+  chunk_pos = transformer.Positions(
+      position=cache.length[:, None] + jnp.arange(t, dtype=jnp.int32),
+      turn=jnp.full((b, t), turn, jnp.int32),
+      slot=jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)))
+  logits, cache = model(obs_tokens, chunk_pos, cache)
+  cache = cache.replace(length=cache.length + obs_len)
+  last = jnp.take_along_axis(logits, jnp.maximum(obs_len - 1, 0)[:, None, None], axis=1)[:, 0]
+  stops = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
+
+  def decode_step(carry, step):
+    cache, logits, finished, slot = carry
+    logp = policy_log_probs(logits, allowed, config.temperature if config.temperature > 0 else 1.0)
+    token = _draw(jax.random.fold_in(rng, step), logp, config)
+    token_logp = jnp.take_along_axis(logp, token[:, None], axis=1)[:, 0]
+    emit = ~finished
+    token = jnp.where(emit, token, 0)
+    pos = transformer.Positions(position=cache.length[:, None], turn=jnp.full((b, 1), turn, jnp.int32),
+                                slot=slot[:, None])
+    next_logits, cache = model(token[:, None], pos, cache)
+    cache = cache.replace(length=cache.length + emit.astype(jnp.int32))
+    finished = finished | jnp.isin(token, stops)
+    carry = (cache, next_logits[:, 0], finished, slot + 1)
+    return carry, (token, jnp.where(emit, token_logp, 0.0), emit)
+
+  init = (cache, last, ~active, obs_len.astype(jnp.int32))
+  (cache, _, _, _), (tokens, logprobs, emitted) = jax.lax.scan(
+      decode_step, init, jnp.arange(config.max_action_tokens))
+  return TurnSample(tokens=tokens.T, logprobs=logprobs.T,
+                    num_tokens=emitted.sum(axis=0).astype(jnp.int32), cache=cache)
+
+
+def make_turn_sampler(graphdef: nnx.GraphDef, config: SamplingConfig, vocab_size: int):
+  """Returns the jitted `sample_turn` with the static parts bound; the cache is donated."""
+
+  def fn(params, cache, obs_tokens, obs_len, active, turn, rng):
+    return sample_turn(graphdef, params, cache, obs_tokens, obs_len, active, turn, rng,
+                       config=config, vocab_size=vocab_size)
+
+  return jax.jit(fn, donate_argnums=(1,))

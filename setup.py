@@ -1,0 +1,69 @@
+"""Package metadata for agentrl_jax.
+
+Lower bounds are the major.minor releases the library is developed and tested against; the core
+install is CPU-only and small, accelerators and optional integrations come from extras.
+"""
+
+import pathlib
+import re
+
+import setuptools
+
+_ROOT = pathlib.Path(__file__).parent
+
+
+def _version() -> str:
+  """Reads `__version__` from the package without importing it (and so without jax)."""
+  text = (_ROOT / "agentrl_jax" / "__init__.py").read_text()
+  return re.search(r'^__version__ = "([^"]+)"', text, re.M).group(1)
+
+
+def _long_description() -> str:
+  readme = _ROOT / "README.md"
+  return readme.read_text() if readme.exists() else ""
+
+
+_CORE = [
+    "jax>=0.10",
+    "flax>=0.12",
+    "optax>=0.2",
+    "orbax-checkpoint>=0.12",
+    "chex>=0.1",
+    "sentencepiece>=0.2",
+    "numpy>=2.4",
+    "gin-config>=0.5",
+    "tqdm>=4.70",  # Progress bar.
+    "tensorboardX>=2.6",  # TensorBoard event writer without TensorFlow.
+]
+
+_EXTRAS = {
+    # rlax is a reference implementation that `*_vs_reference_test.py` compares against;
+    # hypothesis drives the property-based tests.
+    "dev": ["pytest>=9.0", "rlax>=0.1", "hypothesis>=6.155"],
+    # Filled as environments with third-party engines (textworld, ...) land.
+    "envs": [],
+    # torch is pinned: an unpinned torch resolves to a multi-GB CUDA build, and hf.py only needs
+    # it to read checkpoints that safetensors alone cannot.
+    "hf": ["transformers", "safetensors", "tokenizers", "torch==2.13.0"],
+    "tpu": ["jax[tpu]>=0.10"],
+    "notebooks": ["jupytext", "matplotlib", "nbclient", "ipykernel"],
+}
+
+setuptools.setup(
+    name="agentrl_jax",
+    version=_version(),
+    description="Reinforcement learning of multi-turn LLM agents in JAX.",
+    long_description=_long_description(),
+    long_description_content_type="text/markdown",
+    packages=setuptools.find_packages(include=["agentrl_jax", "agentrl_jax.*"]),
+    # The SentencePiece tokenizer model ships inside the package.
+    package_data={"agentrl_jax": ["assets/**/*"]},
+    include_package_data=True,
+    python_requires=">=3.10",
+    install_requires=_CORE,
+    extras_require=_EXTRAS,
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

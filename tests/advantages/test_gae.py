@@ -1,0 +1,200 @@
+"""Tests for agentrl_jax.advantages.gae."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentrl_jax.advantages import gae
+
+B, L = 3, 9
+METHODS = ("scan", "associative")
+# Jitted once per method and reused, so equal shapes across tests share one compile.
+GAE = {m: jax.jit(functools.partial(gae.generalized_advantage_estimation, method=m))
+       for m in METHODS}
+
+
+def _maybe_jit(fn, jit, **static):
+  if not jit:
+    return lambda *args: fn(*args, **static)
+  return jax.jit(lambda *args: fn(*args, **static))
+
+
+def gae_loop(rewards, values, mask, discount, lambda_):
+  """NumPy reference: the §A.1 recursion written as a plain reverse loop, one row at a time."""
+  b, t_len = rewards.shape
+  discount = np.broadcast_to(discount, rewards.shape)
+  lambda_ = np.broadcast_to(lambda_, rewards.shape)
+  advantages = np.zeros((b, t_len), np.float64)
+  for i in range(b):
+    next_value, last_advantage = 0.0, 0.0
+    for t in reversed(range(t_len)):
+      delta = rewards[i, t] + discount[i, t] * next_value - values[i, t]
+      a = delta + discount[i, t] * lambda_[i, t] * last_advantage
+      if mask[i, t]:
+        next_value, last_advantage = values[i, t], a
+        advantages[i, t] = a
+  returns = np.where(mask, advantages + values, 0.0)
+  return advantages, returns
+
+
+def _masks(rng):
+  full = np.ones((B, L), bool)
+  tail = np.arange(L)[None, :] < np.array([[L], [5], [2]])
+  # Environment tokens in the middle of the action stream, plus an all-environment row.
+  holes = np.array([[1, 1, 0, 0, 1, 1, 0, 1, 0],
+                    [0, 0, 1, 1, 1, 0, 0, 0, 1],
+                    [0, 0, 0, 0, 0, 0, 0, 0, 0]], bool)
+  random = rng.rand(B, L) > 0.4
+  return {"full": full, "tail": tail, "holes": holes, "random": random}
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("jit", [False, True], ids=["nojit", "jit"])
+def test_hand_checked(method, jit):
+  # γ = λ = 0.5, token 1 is an observation token (value 9 must be skipped).
+  # t=3: δ = 1 + 0.5·0 − 0.5 = 0.5;          a = 0.5
+  # t=2: δ = 0 + 0.5·0.5 − 0.25 = 0;         a = 0 + 0.25·0.5 = 0.125
+  # t=1: observation, carried (output 0)
+  # t=0: δ = 0 + 0.5·0.25 − 0.5 = −0.375;    a = −0.375 + 0.25·0.125 = −0.34375
+  rewards = jnp.array([[0.0, 5.0, 0.0, 1.0]])
+  values = jnp.array([[0.5, 9.0, 0.25, 0.5]])
+  mask = jnp.array([[1, 0, 1, 1]], bool)
+  out = _maybe_jit(gae.generalized_advantage_estimation, jit, method=method)(
+      rewards, values, mask, 0.5, 0.5)
+  np.testing.assert_allclose(out.advantages, [[-0.34375, 0.0, 0.125, 0.5]], atol=1e-6)
+  np.testing.assert_allclose(out.returns, [[0.15625, 0.0, 0.375, 1.0]], atol=1e-6)
+  assert out.advantages.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_matches_numpy_loop(method):
+  rng = np.random.RandomState(0)
+  fn = GAE[method]
+  for name, mask in _masks(rng).items():
+    rewards = rng.randn(B, L).astype(np.float32)
+    values = rng.randn(B, L).astype(np.float32)
+    # Per-token discounts exercise the array form (termination inside the row).
+    discount = (0.97 * (rng.rand(B, L) > 0.2)).astype(np.float32)
+    for gamma, lam in [(0.9, 0.8), (1.0, 1.0), (discount, 0.7)]:
+      want_a, want_r = gae_loop(rewards, values, mask, gamma, lam)
+      out = fn(rewards, values, mask, gamma, lam)
+      np.testing.assert_allclose(out.advantages, want_a, atol=1e-5, err_msg=name)
+      np.testing.assert_allclose(out.returns, want_r, atol=1e-5, err_msg=name)
+
+
+def test_lambda_one_gamma_one_is_return_minus_value():
+  rng = np.random.RandomState(1)
+  mask = _masks(rng)["holes"]
+  values = rng.randn(B, L).astype(np.float32)
+  terminal_reward = np.array([2.0, -1.0, 3.0], np.float32)
+  rewards = np.zeros((B, L), np.float32)
+  for i in range(B):
+    policy_tokens = np.flatnonzero(mask[i])
+    if policy_tokens.size:
+      rewards[i, policy_tokens[-1]] = terminal_reward[i]
+  out = GAE["scan"](rewards, values, mask, 1.0, 1.0)
+  want = np.where(mask, terminal_reward[:, None] - values, 0.0)
+  np.testing.assert_allclose(out.advantages, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_inserting_observation_tokens_leaves_policy_advantages_unchanged(method):
+  rng = np.random.RandomState(2)
+  rewards = rng.randn(2, 5).astype(np.float32)
+  values = rng.randn(2, 5).astype(np.float32)
+  mask = np.ones((2, 5), bool)
+  base = GAE[method](rewards, values, mask, 0.9, 0.95)
+  # Insert 3 observation tokens after policy token 1 and 2 after token 3, with arbitrary values
+  # and rewards (an observation's reward is ignored by the skip rule).
+  insert_at = [2, 2, 2, 4, 4]
+  long_rewards = np.insert(rewards, insert_at, rng.randn(2, 5).astype(np.float32), axis=1)
+  long_values = np.insert(values, insert_at, rng.randn(2, 5).astype(np.float32), axis=1)
+  long_mask = np.insert(mask, insert_at, False, axis=1)
+  out = GAE[method](long_rewards, long_values, long_mask, 0.9, 0.95)
+  np.testing.assert_allclose(np.asarray(out.advantages)[long_mask].reshape(2, 5),
+                             base.advantages, atol=1e-6)
+
+
+def test_concatenated_episodes_equal_per_episode_results():
+  rng = np.random.RandomState(3)
+  r1, r2 = rng.randn(1, 4).astype(np.float32), rng.randn(1, 3).astype(np.float32)
+  v1, v2 = rng.randn(1, 4).astype(np.float32), rng.randn(1, 3).astype(np.float32)
+  m1, m2 = np.ones((1, 4), bool), np.array([[True, False, True]])
+  e1 = GAE["scan"](r1, v1, m1, 0.9, 0.8)
+  e2 = GAE["scan"](r2, v2, m2, 0.9, 0.8)
+  # discount_t = γ·(1 − done_t): the last token of episode 1 does not bootstrap into episode 2.
+  discount = np.full((1, 7), 0.9, np.float32)
+  discount[0, 3] = 0.0
+  both = GAE["scan"](
+      np.concatenate([r1, r2], 1), np.concatenate([v1, v2], 1), np.concatenate([m1, m2], 1),
+      discount, 0.8)
+  np.testing.assert_allclose(both.advantages,
+                             np.concatenate([e1.advantages, e2.advantages], 1), atol=1e-6)
+
+
+def test_no_retrace_on_new_values():
+  @jax.jit
+  @chex.assert_max_traces(n=1)
+  def run(rewards, values, mask):
+    return gae.generalized_advantage_estimation(rewards, values, mask, 0.99, 0.95)
+
+  rng = np.random.RandomState(4)
+  mask = _masks(rng)["random"]
+  for _ in range(3):
+    run(rng.randn(B, L).astype(np.float32), rng.randn(B, L).astype(np.float32), mask)
+
+
+def test_contract_checks_and_bad_method():
+  with pytest.raises(AssertionError):
+    gae.generalized_advantage_estimation(jnp.zeros((2, 3)), jnp.zeros((2, 4)),
+                                         jnp.ones((2, 3), bool), 1.0, 1.0)
+  with pytest.raises(ValueError, match="method"):
+    gae.generalized_advantage_estimation(jnp.zeros((1, 2)), jnp.zeros((1, 2)),
+                                         jnp.ones((1, 2), bool), 1.0, 1.0, method="loop")
+
+
+def test_token_rewards_places_reward_on_last_action_token():
+  # Row 0: turn 0 acts on tokens [2, 4) -> reward at 3; turn 1 on [6, 8) -> reward at 7.
+  # Row 1: turn 0 on [1, 2) -> reward at 1; turn 1 does not exist (its reward 5 is dropped).
+  turn_reward = jnp.array([[0.5, 2.0], [1.0, 5.0]])
+  turn_end = jnp.array([[4, 8], [2, 3]], jnp.int32)
+  turn_mask = jnp.array([[True, True], [True, False]])
+  out = jax.jit(gae.token_rewards, static_argnums=3)(turn_reward, turn_end, turn_mask, 8)
+  want = np.zeros((2, 8), np.float32)
+  want[0, 3], want[0, 7], want[1, 1] = 0.5, 2.0, 1.0
+  np.testing.assert_array_equal(out, want)
+
+
+def test_token_rewards_drops_empty_and_out_of_range_spans():
+  turn_reward = jnp.array([[1.0, 2.0, 3.0]])
+  turn_end = jnp.array([[0, 5, 9]], jnp.int32)  # end 0: empty span; end 9 > L = 6
+  out = jax.jit(gae.token_rewards, static_argnums=3)(turn_reward, turn_end, jnp.ones((1, 3), bool), 6)
+  np.testing.assert_array_equal(out, [[0, 0, 0, 0, 2.0, 0]])
+
+
+def test_turn_level_gae_matches_loop():
+  rng = np.random.RandomState(5)
+  rewards = rng.randn(4, 5).astype(np.float32)
+  values = rng.randn(4, 5).astype(np.float32)
+  turn_mask = np.arange(5)[None, :] < np.array([[5], [3], [1], [0]])
+  out = jax.jit(gae.turn_generalized_advantage_estimation)(rewards, values, turn_mask, 0.95, 0.9)
+  want_a, want_r = gae_loop(rewards, values, turn_mask, 0.95, 0.9)
+  np.testing.assert_allclose(out.advantages, want_a, atol=1e-5)
+  np.testing.assert_allclose(out.returns, want_r, atol=1e-5)
+
+
+def test_bfloat16_inputs_accumulate_in_float32():
+  rng = np.random.RandomState(6)
+  rewards = rng.randn(B, L).astype(np.float32)
+  values = rng.randn(B, L).astype(np.float32)
+  mask = _masks(rng)["holes"]
+  out = GAE["scan"](jnp.asarray(rewards, jnp.bfloat16), jnp.asarray(values, jnp.bfloat16), mask,
+                    0.9, 0.8)
+  assert out.advantages.dtype == jnp.float32
+  as_bf16 = [np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32) for x in (rewards, values)]
+  want, _ = gae_loop(*as_bf16, mask, 0.9, 0.8)
+  np.testing.assert_allclose(out.advantages, want, atol=1e-5)

@@ -1,0 +1,45 @@
+"""GAE against the installed rlax package, on the all-policy-token case."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import rlax
+
+from agentrl_jax.advantages import gae
+
+OURS = jax.jit(gae.generalized_advantage_estimation, static_argnames="method")
+RLAX_GAE = jax.jit(jax.vmap(rlax.truncated_generalized_advantage_estimation,
+                            in_axes=(0, 0, None, 0)))
+
+
+@pytest.mark.parametrize("method", ["scan", "associative"])
+@pytest.mark.parametrize("gamma,lam", [(0.99, 0.95), (1.0, 1.0), (0.9, 0.0)])
+def test_matches_rlax_truncated_gae(method, gamma, lam):
+  rng = np.random.RandomState(0)
+  b, t_len = 4, 11
+  rewards = rng.randn(b, t_len).astype(np.float32)
+  values = rng.randn(b, t_len).astype(np.float32)
+  ours = OURS(
+      rewards, values, np.ones((b, t_len), bool), gamma, lam, method=method)
+  # rlax time ranges: r_t and discount_t span [1, T], values span [0, T] with a bootstrap V_T.
+  # Ours bootstraps from 0 after the last token, so V_T = 0.
+  bootstrapped = jnp.concatenate([values, jnp.zeros((b, 1), jnp.float32)], axis=1)
+  discounts = jnp.full((b, t_len), gamma, jnp.float32)
+  theirs = RLAX_GAE(rewards, discounts, lam, bootstrapped)
+  np.testing.assert_allclose(ours.advantages, theirs, atol=1e-5)
+  np.testing.assert_allclose(ours.returns, theirs + values, atol=1e-5)
+
+
+def test_matches_rlax_with_termination():
+  # Termination through discount_t = γ(1 − done_t), the rlax convention.
+  rng = np.random.RandomState(1)
+  rewards = rng.randn(2, 8).astype(np.float32)
+  values = rng.randn(2, 8).astype(np.float32)
+  done = np.zeros((2, 8), bool)
+  done[0, 3] = done[1, 5] = True
+  discount = (0.97 * ~done).astype(np.float32)
+  ours = OURS(rewards, values, np.ones((2, 8), bool), discount, 0.9)
+  bootstrapped = np.concatenate([values, np.zeros((2, 1), np.float32)], axis=1)
+  theirs = RLAX_GAE(rewards, discount, 0.9, bootstrapped)
+  np.testing.assert_allclose(ours.advantages, theirs, atol=1e-5)
