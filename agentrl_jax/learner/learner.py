@@ -12,7 +12,6 @@ import os
 import time
 from typing import Any, Sequence
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +25,7 @@ from agentrl_jax.learner import configs
 from agentrl_jax.learner import evaluate as evaluate_lib
 from agentrl_jax.learner import metrics as metrics_lib
 from agentrl_jax.learner import pipeline
+from agentrl_jax.learner import preemption
 from agentrl_jax.learner import step as step_lib
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer
@@ -46,6 +46,7 @@ class TrainSummary:
   success_after_warm_start: float | None
   success_after: float
   final_metrics: dict[str, float]
+  preempted: bool = False
 
 
 def make_optimizer(config: configs.OptimConfig, total_steps: int) -> optax.GradientTransformation:
@@ -208,42 +209,50 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
           flush=True)
     ckpt.save(0, state, extra)
 
-  progress = metrics_lib.ProgressBar(total=config.num_iterations, initial=extra["iteration"])
+  progress = metrics_lib.ProgressBar(total=config.num_iterations, initial=extra["iteration"],
+                                     enabled=jax.process_index() == 0)
   metrics: dict[str, float] = {}
   last_eval: dict[str, float] = {}
-  for iteration in range(extra["iteration"], config.num_iterations):
-    start = time.perf_counter()
-    seeds, groups = _task_batch(config, iteration)
-    envs = [make_env() for _ in seeds]
-    traj, stats = runner.collect(envs, seeds, groups, params=state.policy_params,
-                                 rng=jax.random.fold_in(base_key, iteration))
-    metrics = _iteration_metrics(traj, stats)
-    state, update_metrics = update(state, _to_device(traj))
-    metrics.update({k: float(v) for k, v in jax.device_get(update_metrics).items()})
-    metrics["time/iteration_s"] = time.perf_counter() - start
-    if iteration == extra["iteration"] and jax.process_index() == 0:
-      _write_operative_config(workdir)
-    done = iteration + 1
-    if done % evaluation.every == 0 or done == config.num_iterations:
-      last_eval = evaluate_now(state.policy_params, 2 + done)
-      metrics.update(last_eval)
-    if done % config.log_every == 0 or done == config.num_iterations:
-      writer.write(done, metrics)
-    progress.update(done, {"success": metrics["train/success"],
-                           "eval": last_eval.get("eval/greedy_success", float("nan")),
-                           "loss": metrics.get("loss/policy", float("nan"))})
-    extra["iteration"] = done
-    if done % config.checkpoint_every == 0 or done == config.num_iterations:
-      ckpt.save(done, state, extra)
+  preempted = False
+  with preemption.StopRequest() as stop:
+    for iteration in range(extra["iteration"], config.num_iterations):
+      start = time.perf_counter()
+      seeds, groups = _task_batch(config, iteration)
+      traj, stats = runner.collect([make_env() for _ in seeds], seeds, groups,
+                                   params=state.policy_params,
+                                   rng=jax.random.fold_in(base_key, iteration))
+      metrics = _iteration_metrics(traj, stats)
+      state, update_metrics = update(state, _to_device(traj))
+      metrics.update({k: float(v) for k, v in jax.device_get(update_metrics).items()})
+      metrics["time/iteration_s"] = time.perf_counter() - start
+      if iteration == extra["iteration"]:
+        metrics_lib.write_operative_config(workdir, process_index=jax.process_index())
+      done = extra["iteration"] = iteration + 1
+      if done % evaluation.every == 0 or done == config.num_iterations:
+        last_eval = evaluate_now(state.policy_params, 2 + done)
+        metrics.update(last_eval)
+      if done % config.log_every == 0 or done == config.num_iterations:
+        writer.write(done, metrics)
+      progress.update(done, {"success": metrics["train/success"],
+                             "eval": last_eval.get("eval/greedy_success", float("nan")),
+                             "loss": metrics.get("loss/policy", float("nan"))})
+      preempted = stop.agreed() and done < config.num_iterations
+      if done % config.checkpoint_every == 0 or done == config.num_iterations or preempted:
+        ckpt.save(done, state, extra)
+      if preempted:
+        print(f"Stopped at iteration {done}; checkpoint saved. Run the same command to resume.",
+              flush=True)
+        break
   progress.close()
   if not last_eval:
-    last_eval = evaluate_now(state.policy_params, 2 + config.num_iterations)
+    last_eval = evaluate_now(state.policy_params, 2 + extra["iteration"])
   writer.close()
   summary = TrainSummary(
       iterations=extra["iteration"], resumed_from=resumed_from,
       success_before=extra["success_before"],
       success_after_warm_start=extra["success_after_warm_start"],
-      success_after=last_eval["eval/greedy_success"], final_metrics={**metrics, **last_eval})
+      success_after=last_eval["eval/greedy_success"], final_metrics={**metrics, **last_eval},
+      preempted=preempted)
   _print_summary(summary, evaluation)
   return summary
 
@@ -268,11 +277,6 @@ def _warm_start(state, graphdef, tok, rollout, warm_start, config, make_env, all
       writer.write(0, {"warm_start/nll": float(m["sft/nll"]), "warm_start/iteration": i + 1})
   return state.replace(policy_params=params,
                        ref_params=params if state.ref_params is not None else None)
-
-
-def _write_operative_config(workdir: str) -> None:
-  with open(os.path.join(workdir, "operative_config.gin"), "w") as f:
-    f.write(gin.operative_config_str())
 
 
 def _print_summary(summary: TrainSummary, evaluation: configs.EvalConfig) -> None:
