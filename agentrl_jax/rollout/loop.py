@@ -20,6 +20,7 @@ from agentrl_jax.envs import base as envs_base
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer
 from agentrl_jax.rollout import sampler as sampler_lib
+from agentrl_jax.rollout import workers as workers_lib
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,6 +36,7 @@ class RolloutConfig:
       conversation), so the learner compiles once per bucket instead of always paying for
       `max_len`. Empty = always `max_len`.
     sampling: how actions are drawn.
+    workers: how envs are stepped (threads, per-step timeout).
   """
 
   max_turns: int = 10
@@ -42,6 +44,7 @@ class RolloutConfig:
   obs_buckets: tuple[int, ...] = (48, 96, 192)
   length_buckets: tuple[int, ...] = ()
   sampling: sampler_lib.SamplingConfig = sampler_lib.SamplingConfig()
+  workers: workers_lib.WorkerConfig = workers_lib.WorkerConfig()
 
   def __post_init__(self):
     if self.max_turns <= 0 or self.max_len <= 0:
@@ -75,6 +78,7 @@ class RolloutStats:
   turns: int = 0
   sampled_tokens: int = 0
   env_errors: int = 0
+  env_timeouts: int = 0
   invalid_actions: int = 0
   truncated: int = 0
   seconds: float = 0.0
@@ -83,7 +87,8 @@ class RolloutStats:
     secs = max(self.seconds, 1e-9)
     return {
         f"{prefix}episodes": self.episodes, f"{prefix}turns": self.turns,
-        f"{prefix}env_errors": self.env_errors, f"{prefix}invalid_action_rate":
+        f"{prefix}env_errors": self.env_errors, f"{prefix}env_timeouts": self.env_timeouts,
+        f"{prefix}invalid_action_rate":
             self.invalid_actions / max(self.turns, 1),
         f"{prefix}truncated": self.truncated, f"{prefix}tokens_per_s": self.sampled_tokens / secs,
         f"{prefix}turns_per_s": self.turns / secs, f"{prefix}seconds": self.seconds,
@@ -130,6 +135,7 @@ class RolloutRunner:
     self.model_config = model_config
     self._sample_turn = sampler_lib.make_turn_sampler(graphdef, config.sampling, model_config.vocab_size)
     self._stop_ids = set(config.sampling.stop_token_ids)
+    self._stepper = workers_lib.EnvStepper(config.workers)
 
   def observation_tokens(self, text: str) -> list[int]:
     """The chunk an observation becomes: <|obs|> text <|act|>."""
@@ -240,19 +246,18 @@ class RolloutRunner:
       stats.sampled_tokens += n
 
   def _step_envs(self, envs, traj, actions, observations, active, turn, stats):
-    for i in np.flatnonzero(active):
+    rows = np.flatnonzero(active)
+    outcomes = self._stepper.step([envs[i] for i in rows],
+                                  [self.action_text(actions[i][0]) for i in rows])
+    for i, result in zip(rows, outcomes):
       stats.turns += 1
-      text = self.action_text(actions[i][0])
-      try:
-        result = envs[i].step(text)
-        if not isinstance(result.observation, str):
-          raise TypeError(f"env returned a {type(result.observation).__name__} observation")
-      except Exception:  # pylint: disable=broad-except
+      if isinstance(result, workers_lib.StepFault):
         # A faulted env ends only its own trajectory; it is excluded from the loss downstream.
         traj.env_error[i, turn] = True
         traj.done[i, turn] = True
         active[i] = False
         stats.env_errors += 1
+        stats.env_timeouts += int(result.kind == "timeout")
         continue
       valid = bool(result.info.get("action_valid", True))
       stats.invalid_actions += int(not valid)
