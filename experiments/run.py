@@ -13,6 +13,7 @@ import argparse
 import importlib
 import os
 import pathlib
+import re
 import sys
 from collections.abc import Sequence
 
@@ -60,6 +61,7 @@ def default_workdir(gin_files: Sequence[str]) -> str:
 
 def configure(args: argparse.Namespace) -> str:
   """Parses the gin config and writes it to the workdir; returns the workdir."""
+  gin.clear_config()  # a second run in the same process must not inherit the first one's bindings
   config_errors.parse_config(args.gin_file, args.gin_bindings,
                              search_paths=args.gin_search_path, default_imports=DEFAULT_IMPORTS)
   workdir = args.workdir or default_workdir(args.gin_file)
@@ -76,9 +78,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
   # Imported only now: the learner pulls in jax and the whole library.
   learner = importlib.import_module(LEARNER_MODULE)
-  # With dynamic registration the bindings live on gin's wrapper, not on the module's function.
-  gin.get_configurable(learner.train)(workdir=workdir)
+  try:
+    # With dynamic registration the bindings live on gin's wrapper, not on the module's function.
+    gin.get_configurable(learner.train)(workdir=workdir)
+  except (ValueError, TypeError) as e:
+    if not _is_configuration_error(e):
+      raise
+    print(f"error: {_first_line(str(e))}", file=sys.stderr)
+    return 2
   return 0
+
+
+def _is_configuration_error(error: Exception) -> bool:
+  """Errors raised before any compute: bad values in a config class, or configs that conflict.
+
+  gin tags an exception raised while building an argument with the configurable's name; one from
+  inside `train` itself is a configuration error only if the learner says so (ConfigError).
+  """
+  if isinstance(error, config_errors.ConfigError):
+    return True
+  message = str(error)
+  return "In call to configurable" in message and "configurable 'train'" not in message
+
+
+def _first_line(message: str) -> str:
+  lines = [line.strip() for line in message.splitlines() if line.strip()]
+  where = next((line for line in lines if line.startswith("In call to configurable")), "")
+  where = re.sub(r" \(<.*>\)$", "", where)
+  return lines[0] + (f" ({where})" if where and where != lines[0] else "") if lines else message
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from agentrl_jax import config_errors
 from agentrl_jax import types
 from agentrl_jax.advantages import estimators
 from agentrl_jax.envs import registry
@@ -135,17 +136,12 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     corrections: advantage corrections applied after the estimator, in order.
     tokenizer_path: a SentencePiece model; default: the one shipped with the package.
   """
+  try:
+    tok, make_env, model, rollout, advantage_fn = _resolve(
+        config, model, rollout, loss, reward_shapers, corrections, tokenizer_path)
+  except (ValueError, TypeError, FileNotFoundError) as e:
+    raise config_errors.ConfigError(f"{type(e).__name__}: {e}") from e
   os.makedirs(workdir, exist_ok=True)
-  tok = tokenizer_lib.load_tokenizer(tokenizer_path)
-  make_env = functools.partial(registry.make, config.env_name, **config.env_kwargs)
-  probe_env = make_env()
-  if probe_env.max_turns > rollout.max_turns:
-    raise ValueError(f"env {config.env_name!r} runs up to {probe_env.max_turns} turns but "
-                     f"RolloutConfig.max_turns={rollout.max_turns}")
-  model = dataclasses.replace(model or transformer.tiny(tok.vocab_size), vocab_size=tok.vocab_size)
-  if config.restrict_to_action_words:
-    rollout = dataclasses.replace(rollout, sampling=_restricted_sampling(rollout.sampling, probe_env, tok))
-  advantage_fn = _credit_pipeline(config, reward_shapers, corrections)
 
   policy_graphdef, policy_params = transformer.create(model, config.seed)
   critic_graphdef = critic_params = None
@@ -255,6 +251,28 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
       preempted=preempted)
   _print_summary(summary, evaluation)
   return summary
+
+
+def _resolve(config: configs.TrainConfig, model, rollout: loop_lib.RolloutConfig,
+             loss: step_lib.LossConfig, reward_shapers, corrections, tokenizer_path):
+  """Checks the configs against each other and the env/tokenizer; nothing is computed yet."""
+  tok = tokenizer_lib.load_tokenizer(tokenizer_path)
+  make_env = functools.partial(registry.make, config.env_name, **config.env_kwargs)
+  probe_env = make_env()
+  if probe_env.max_turns > rollout.max_turns:
+    raise ValueError(f"env {config.env_name!r} runs up to {probe_env.max_turns} turns but "
+                     f"RolloutConfig.max_turns={rollout.max_turns}")
+  if config.batch_size % loss.num_minibatches:
+    raise ValueError(f"TrainConfig batch of {config.batch_size} episodes is not divisible into "
+                     f"LossConfig.num_minibatches={loss.num_minibatches}")
+  model = dataclasses.replace(model or transformer.tiny(tok.vocab_size), vocab_size=tok.vocab_size)
+  if config.restrict_to_action_words:
+    rollout = dataclasses.replace(rollout, sampling=_restricted_sampling(rollout.sampling, probe_env, tok))
+  if model.position == "turn_slot" and model.max_turns < rollout.max_turns:
+    raise ValueError(f"TransformerConfig.max_turns={model.max_turns} is below "
+                     f"RolloutConfig.max_turns={rollout.max_turns}: later turns would share an embedding")
+  advantage_fn = _credit_pipeline(config, reward_shapers, corrections)
+  return tok, make_env, model, rollout, advantage_fn
 
 
 def _warm_start(state, graphdef, tok, rollout, warm_start, config, make_env, allowed, temperature,
