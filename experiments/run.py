@@ -79,8 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   # Imported only now: the learner pulls in jax and the whole library.
   learner = importlib.import_module(LEARNER_MODULE)
   try:
-    # With dynamic registration the bindings live on gin's wrapper, not on the module's function.
-    gin.get_configurable(learner.train)(workdir=workdir)
+    _entry_point(learner)(workdir=workdir)
   except (ValueError, TypeError) as e:
     if not _is_configuration_error(e):
       raise
@@ -89,16 +88,31 @@ def main(argv: Sequence[str] | None = None) -> int:
   return 0
 
 
+def _entry_point(learner):
+  """`learner.run` when a gin file binds it (another training loop), else `learner.train`.
+
+  With dynamic registration the bindings live on gin's wrapper, not on the module's function,
+  and only functions a config mentions are registered.
+  """
+  for fn in (learner.run, learner.train):
+    try:
+      return gin.get_configurable(fn)
+    except ValueError:
+      continue
+  return learner.train
+
+
 def _is_configuration_error(error: Exception) -> bool:
   """Errors raised before any compute: bad values in a config class, or configs that conflict.
 
   gin tags an exception raised while building an argument with the configurable's name; one from
-  inside `train` itself is a configuration error only if the learner says so (ConfigError).
+  inside the training function itself is a configuration error only if it says so (ConfigError).
   """
   if isinstance(error, config_errors.ConfigError):
     return True
   message = str(error)
-  return "In call to configurable" in message and "configurable 'train'" not in message
+  return ("In call to configurable" in message and "configurable 'train'" not in message
+          and "configurable 'run'" not in message)
 
 
 def _first_line(message: str) -> str:

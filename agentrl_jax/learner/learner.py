@@ -10,7 +10,7 @@ import functools
 import inspect
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -309,3 +309,12 @@ def _print_summary(summary: TrainSummary, evaluation: configs.EvalConfig) -> Non
   if key in summary.final_metrics:
     lines.append(f"  sampled pass@{evaluation.pass_k}: {summary.final_metrics[key]:.3f}")
   print("\n".join(lines), flush=True)
+
+
+def run(workdir: str, *, entry: Callable[..., Any] = train) -> Any:
+  """What `experiments/run.py` calls: `entry(workdir=workdir)`, online RL (`train`) by default.
+
+  Other training loops (offline, distillation) are chosen in gin with
+  `learner.run.entry = @drift.train`; their arguments are bound on them directly.
+  """
+  return entry(workdir=workdir)
