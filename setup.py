@@ -34,6 +34,7 @@ _CORE = [
     "gin-config>=0.5",
     "tqdm>=4.70",  # Progress bar.
     "tensorboardX>=2.6",  # TensorBoard event writer without TensorFlow.
+    "etils[epath]",  # Paths that may be gs:// (viewer reports).
 ]
 
 _EXTRAS = {

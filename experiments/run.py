@@ -76,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   except config_errors.ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  _initialize_distributed()
   # Imported only now: the learner pulls in jax and the whole library.
   learner = importlib.import_module(LEARNER_MODULE)
   try:
@@ -86,6 +87,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"error: {_first_line(str(e))}", file=sys.stderr)
     return 2
   return 0
+
+
+def _initialize_distributed() -> None:
+  """Joins a multi-process job before any device is touched.
+
+  GPU clusters and CPU tests name the coordinator in JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES
+  and JAX_PROCESS_ID (tpu/gpu_launch.sh sets them); Cloud TPU slices with several hosts are
+  discovered by JAX itself.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  address = os.environ.get("JAX_COORDINATOR_ADDRESS")
+  if address:
+    jax.distributed.initialize(address, int(os.environ["JAX_NUM_PROCESSES"]),
+                               int(os.environ["JAX_PROCESS_ID"]))
+  elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0:
+    jax.distributed.initialize()
 
 
 def _entry_point(learner):

@@ -32,6 +32,7 @@ from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
+from agentrl_jax.viewer import report as viewer_report
 
 # Seed ranges kept apart so training never sees a held-out task (EvalConfig.seed_offset is above).
 _WARM_START_SEED_BASE = 500_000_000
@@ -122,6 +123,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
           evaluation: configs.EvalConfig = configs.EvalConfig(),
           reward_shapers: Sequence[pipeline.RewardShaper] = (),
           corrections: Sequence[pipeline.Correction] = (),
+          viewer: viewer_report.ViewerConfig | None = None,
           tokenizer_path: str | None = None) -> TrainSummary:
   """Trains a policy on one environment and returns the summary.
 
@@ -134,6 +136,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     rollout, loss, optim, critic_optim, warm_start, evaluation: see their classes.
     reward_shapers: turn-reward shaping functions applied before the estimator, in order.
     corrections: advantage corrections applied after the estimator, in order.
+    viewer: write an HTML credit report of the iteration's batch at every evaluation, or None.
     tokenizer_path: a SentencePiece model; default: the one shipped with the package.
   """
   try:
@@ -142,6 +145,11 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   except (ValueError, TypeError, FileNotFoundError) as e:
     raise config_errors.ConfigError(f"{type(e).__name__}: {e}") from e
   os.makedirs(workdir, exist_ok=True)
+  viewer_pipelines = None
+  if viewer is not None:
+    # The run's own pipeline first; a critic-based one cannot be re-scored without the critic.
+    own = {} if config.use_critic else {f"run: {config.estimator}": advantage_fn}
+    viewer_pipelines = viewer_report.make_pipelines(viewer, extra=own)
 
   policy_graphdef, policy_params = transformer.create(model, config.seed)
   critic_graphdef = critic_params = None
@@ -224,11 +232,16 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
       if iteration == extra["iteration"]:
         metrics_lib.write_operative_config(workdir, process_index=jax.process_index())
       done = extra["iteration"] = iteration + 1
-      if done % evaluation.every == 0 or done == config.num_iterations:
+      evaluating = done % evaluation.every == 0 or done == config.num_iterations
+      if evaluating:
         last_eval = evaluate_now(state.policy_params, 2 + done)
         metrics.update(last_eval)
       if done % config.log_every == 0 or done == config.num_iterations:
         writer.write(done, metrics)
+      if evaluating and viewer is not None and jax.process_index() == 0:
+        viewer_report.write_report(workdir, done, traj, tok, viewer_pipelines,
+                                   num_examples=viewer.num_examples, env_name=config.env_name,
+                                   metrics=metrics, writer=writer)
       progress.update(done, {"success": metrics["train/success"],
                              "eval": last_eval.get("eval/greedy_success", float("nan")),
                              "loss": metrics.get("loss/policy", float("nan"))})

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Puts the code and a Python environment on every worker of a TPU VM; safe to run again.
+#
+# Usage:
+#   tpu/setup.sh --name=NAME --zone=ZONE [--project=PROJECT] [--repo=GIT_URL [--ref=REF]]
+#                [--remote-dir=DIR] [--venv=DIR] [--dry-run]
+#
+#   --name, --zone, --project  the TPU VM (defaults: $TPU_NAME, $TPU_ZONE, $TPU_PROJECT)
+#   --repo        clone this git URL on the workers (and check out --ref, default main);
+#                 without it, this checkout (minus .git, .venv and runs/) is copied over
+#   --remote-dir  where the code goes, relative to the worker's home (default agentrl_jax)
+#   --venv        the virtual environment, relative to home (default agentrl_venv)
+#   --dry-run     print the commands instead of running them
+#
+# On every worker (--worker=all): the code, then `python3 -m venv`, `pip install 'jax[tpu]'`
+# and `pip install -e '.[tpu]'`. Check it with
+#   gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all \
+#     --command='agentrl_venv/bin/python -c "import jax; print(jax.device_count())"'
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+VALUE_FLAGS=(name zone project repo ref remote-dir venv)
+LIST_FLAGS=()
+SWITCH_FLAGS=()
+NAME="${TPU_NAME:-}" ZONE="${TPU_ZONE:-}" PROJECT="${TPU_PROJECT:-}"
+REPO="" REF="main" REMOTE_DIR="agentrl_jax" VENV="agentrl_venv"
+parse_flags "$@"
+require name zone remote-dir venv
+require_plain_path remote-dir venv
+location_flags
+
+on_all_workers() {
+  run gcloud compute tpus tpu-vm ssh "${NAME}" "${LOCATION[@]}" --worker=all "--command=$1"
+}
+
+dir="\$HOME/${REMOTE_DIR}"
+if [[ -n "${REPO}" ]]; then
+  # fetch + detached checkout of FETCH_HEAD works for a branch, a tag or a commit alike.
+  on_all_workers "set -e; [ -d ${dir}/.git ] || git clone --quiet $(quote "${REPO}") ${dir}; \
+git -C ${dir} fetch --quiet origin $(quote "${REF}"); git -C ${dir} checkout --quiet --detach FETCH_HEAD"
+else
+  archive="${TMPDIR:-/tmp}/agentrl_jax-${NAME}.tar.gz"
+  source_dir="${REPO_ROOT}"
+  if [[ "${PWD}" == "${REPO_ROOT}" ]]; then
+    source_dir="."
+  fi
+  run tar -C "${source_dir}" --exclude=.git --exclude=.venv --exclude=runs --exclude=__pycache__ -czf "${archive}" .
+  run gcloud compute tpus tpu-vm scp "${archive}" "${NAME}:agentrl_jax.tar.gz" "${LOCATION[@]}" \
+    --worker=all
+  on_all_workers "set -e; mkdir -p ${dir}; tar -xzf \$HOME/agentrl_jax.tar.gz -C ${dir}"
+fi
+pip="\$HOME/${VENV}/bin/pip"
+on_all_workers "set -e; python3 -m venv \$HOME/${VENV}; ${pip} install --quiet --upgrade pip; \
+${pip} install --quiet 'jax[tpu]'; cd ${dir} && ${pip} install --quiet -e '.[tpu]'"
