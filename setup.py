@@ -40,14 +40,16 @@ _CORE = [
 _EXTRAS = {
     # rlax is a reference implementation that `*_vs_reference_test.py` compares against;
     # hypothesis drives the property-based tests.
-    "dev": ["pytest>=9.0", "rlax>=0.1", "hypothesis>=6.155"],
+    # matplotlib: CI executes the study notebooks at SMALL size.
+    "dev": ["pytest>=9.0", "rlax>=0.1", "hypothesis>=6.155", "matplotlib>=3.11"],
     # Filled as environments with third-party engines (textworld, ...) land.
     "envs": [],
     # torch is pinned: an unpinned torch resolves to a multi-GB CUDA build, and hf.py only needs
     # it to read checkpoints that safetensors alone cannot.
     "hf": ["transformers", "safetensors", "tokenizers", "torch==2.13.0"],
     "tpu": ["jax[tpu]>=0.10"],
-    "notebooks": ["jupytext", "matplotlib", "nbclient", "ipykernel"],
+    "notebooks": ["jupytext>=1.19", "matplotlib>=3.11", "nbclient>=0.11", "ipykernel>=7.4",
+                  "nbconvert>=7.17"],
 }
 
 setuptools.setup(

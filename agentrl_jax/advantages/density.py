@@ -58,12 +58,13 @@ def _flatten_samples(gradients: Any) -> Array:
       [jnp.reshape(leaf, (num_samples, -1)).astype(jnp.float32) for leaf in leaves], axis=1)
 
 
-def _snr_from_flat(samples: Array) -> SNROutput:
+def _snr_from_flat(samples: Array, bias_terms: int = 1) -> SNROutput:
+  """SNR with `bias_terms` copies of v/N_b removed from ‖ḡ‖² (2 inside a bootstrap resample)."""
   num_samples = samples.shape[0]
   mean = jnp.mean(samples, axis=0)
   noise = jnp.sum(jnp.var(samples, axis=0, ddof=1))
   tiny = jnp.finfo(jnp.float32).tiny
-  signal = jnp.maximum(jnp.sum(mean**2) - noise / num_samples, tiny)
+  signal = jnp.maximum(jnp.sum(mean**2) - bias_terms * noise / num_samples, tiny)
   return SNROutput(snr=jnp.sqrt(signal) / jnp.sqrt(noise), signal=signal, noise=noise)
 
 
@@ -107,14 +108,18 @@ def gradient_snr_ratio(key: Array, gradients_a: Any, gradients_b: Any,
   chex.assert_equal_shape_prefix([a, b], 1)
   num_samples = a.shape[0]
 
-  def ratio(index):
-    return _snr_from_flat(a[index]).snr / _snr_from_flat(b[index]).snr
+  def ratio(index, bias_terms):
+    return (_snr_from_flat(a[index], bias_terms).snr /
+            _snr_from_flat(b[index], bias_terms).snr)
 
+  # A resample's ‖ḡ*‖² is centred on the sample's ‖ḡ‖², itself biased up by v/N_b; removing
+  # v*/N_b twice centres the resampled signal on the corrected estimate, so the interval
+  # brackets the point estimate.
   indices = jax.random.randint(key, (num_resamples, num_samples), 0, num_samples)
-  resampled = jax.lax.map(ratio, indices)
+  resampled = jax.lax.map(lambda index: ratio(index, 2), indices)
   tail = 50.0 * (1.0 - confidence)
   low, high = jnp.percentile(resampled, jnp.array([tail, 100.0 - tail]))
-  return SNRRatioOutput(ratio=ratio(jnp.arange(num_samples)), low=low, high=high)
+  return SNRRatioOutput(ratio=ratio(jnp.arange(num_samples), 1), low=low, high=high)
 
 
 def decision_density(q_values: Array, state_values: Array, turn_mask: Array,

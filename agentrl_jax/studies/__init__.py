@@ -1,0 +1,1 @@
+"""Reproducible studies behind the notebooks: simulators and the statistics they report."""

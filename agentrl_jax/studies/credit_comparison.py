@@ -1,0 +1,271 @@
+"""Credit-assignment methods trained side by side with `learner.train` (notebooks/credit_comparison).
+
+A method is an advantage estimator from `advantages.estimators.ESTIMATORS`, optionally with a critic
+(PPO-GAE) or a reward shaper (GRPO + the curiosity duplicate-observation penalty, §B.1). Each run
+is a plain `learner.train` call with Python configs (no gin); its per-iteration training success
+and invalid-action rate come from `<workdir>/metrics.jsonl`, and its repeated-action rate from
+`ActionRateProbe`, a reward shaper that records `viewer.report.action_rates` of every training
+batch and changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from agentrl_jax import types
+from agentrl_jax.advantages import estimators
+from agentrl_jax.envs import base
+from agentrl_jax.learner import configs
+from agentrl_jax.learner import learner
+from agentrl_jax.learner import metrics as metrics_lib
+from agentrl_jax.learner import step
+from agentrl_jax.models import transformer
+from agentrl_jax.rewards import curiosity
+from agentrl_jax.rollout import loop
+from agentrl_jax.rollout import sampler
+from agentrl_jax.studies import fits
+from agentrl_jax.viewer import report
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Method:
+  """One credit-assignment method.
+
+  Attributes:
+    name: label in plots and tables.
+    estimator: a key of `advantages.estimators.ESTIMATORS`.
+    use_critic: train a value critic (needed by "gae").
+    curiosity: add the duplicate-observation penalty (§B.1) before the estimator.
+  """
+
+  name: str
+  estimator: str
+  use_critic: bool = False
+  curiosity: bool = False
+
+  def __post_init__(self):
+    if not self.name:
+      raise ValueError(f"Method.name must be non-empty, got {self.name!r}")
+    spec = estimators.get_estimator(self.estimator)  # Raises on an unknown name.
+    if spec.needs_critic and not self.use_critic:
+      raise ValueError(f"Method {self.name!r}: estimator {self.estimator!r} needs use_critic=True")
+
+
+METHODS: tuple[Method, ...] = (
+    Method(name="grpo", estimator="grpo"),
+    Method(name="dr_grpo", estimator="dr_grpo"),
+    Method(name="rloo", estimator="rloo"),
+    Method(name="gigpo", estimator="gigpo"),
+    Method(name="gagpo", estimator="gagpo"),
+    Method(name="mt_grpo", estimator="mt_grpo"),
+    Method(name="ppo_gae", estimator="gae", use_critic=True),
+    Method(name="grpo_curiosity", estimator="grpo", curiosity=True),
+)
+
+# Small multi-turn tasks: `env_kwargs` for `envs.registry.make` and the turn budget.
+ENVS: Mapping[str, Mapping[str, Any]] = {
+    # The quickstart's maps: 4x4, holes with probability 0.2, solvable within 10 moves.
+    "frozenlake": {"size": 4, "hole_prob": 0.2, "max_turns": 10},
+    # ρ = 2/8: two decision turns among eight; success needs both right.
+    "dd_chain": {"horizon": 8, "num_decisions": 2, "noise_std": 0.0},
+}
+_MAX_TURNS = {"frozenlake": 10, "dd_chain": 8}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ComparisonSpec:
+  """Sizes shared by every run of a comparison.
+
+  Attributes:
+    num_iterations: RL iterations per run.
+    tasks_per_iteration, group_size: episodes per iteration = their product.
+    learning_rate: Adam learning rate of the policy (and critic).
+    num_layers, d_model: the tiny transformer (4 heads of d_model/4, MLP 4·d_model).
+    eval_tasks: held-out tasks of the final greedy evaluation.
+  """
+
+  num_iterations: int = 50
+  tasks_per_iteration: int = 8
+  group_size: int = 8
+  learning_rate: float = 3e-4
+  num_layers: int = 2
+  d_model: int = 64
+  eval_tasks: int = 64
+
+  def __post_init__(self):
+    for name in ("num_iterations", "tasks_per_iteration", "num_layers", "d_model", "eval_tasks"):
+      value = getattr(self, name)
+      if not base.is_int(value) or value < 1:
+        raise ValueError(f"ComparisonSpec.{name} must be an int >= 1, got {value!r}")
+    if not base.is_int(self.group_size) or self.group_size < 2:
+      raise ValueError(f"ComparisonSpec.group_size must be an int >= 2, got {self.group_size!r}")
+    if self.d_model % 4:
+      raise ValueError(f"ComparisonSpec.d_model must be divisible by 4 heads, got {self.d_model}")
+    if not base.is_number(self.learning_rate) or self.learning_rate <= 0:
+      raise ValueError(f"ComparisonSpec.learning_rate must be > 0, got {self.learning_rate!r}")
+
+
+class RunResult(NamedTuple):
+  """One (method, env, seed) run; per-iteration arrays `[num_iterations]`."""
+
+  method: str
+  env: str
+  seed: int
+  success: np.ndarray
+  invalid_action_rate: np.ndarray
+  repeated_action_rate: np.ndarray
+  eval_success: float
+
+
+class Summary(NamedTuple):
+  """Over seeds for one (method, env): mean curves with 95% t-bands `[num_iterations]`, and the
+  table entries (final held-out success, rates over the last quarter of training), each a
+  `(mean, low, high)` triple."""
+
+  method: str
+  env: str
+  num_seeds: int
+  success: tuple[np.ndarray, np.ndarray, np.ndarray]
+  repeated_action_rate: tuple[np.ndarray, np.ndarray, np.ndarray]
+  invalid_action_rate: tuple[np.ndarray, np.ndarray, np.ndarray]
+  final_eval_success: tuple[float, float, float]
+  late_train_success: tuple[float, float, float]
+  late_repeated_action_rate: tuple[float, float, float]
+  late_invalid_action_rate: tuple[float, float, float]
+
+
+class ActionRateProbe:
+  """A reward shaper that returns the batch unchanged and records its action rates on the host.
+
+  The credit pipeline runs once per update inside the jitted step, so the rates leave through
+  `jax.debug.callback` (ordered: one record per iteration, in order). Use it on a single device:
+  under a multi-device mesh the callback would see shards.
+  """
+
+  def __init__(self):
+    self.records: list[dict[str, float]] = []
+
+  def _record(self, traj: types.Trajectories) -> None:
+    self.records.append(report.action_rates(traj))
+
+  def __call__(self, traj: types.Trajectories) -> types.Trajectories:
+    jax.debug.callback(self._record, traj, ordered=True)
+    return traj
+
+
+def train_kwargs(method: Method, env: str, seed: int, spec: ComparisonSpec) -> dict[str, Any]:
+  """The `learner.train` keyword arguments (all but workdir and reward shapers) of one run."""
+  if env not in ENVS:
+    raise ValueError(f"unknown env {env!r}; known: {sorted(ENVS)}")
+  max_turns = _MAX_TURNS[env]
+  optim = configs.OptimConfig(learning_rate=spec.learning_rate, max_grad_norm=1.0)
+  return dict(
+      config=configs.TrainConfig(
+          env_name=env, env_kwargs=dict(ENVS[env]), seed=seed,
+          num_iterations=spec.num_iterations, tasks_per_iteration=spec.tasks_per_iteration,
+          group_size=spec.group_size, estimator=method.estimator, use_critic=method.use_critic,
+          restrict_to_action_words=True, checkpoint_every=max(spec.num_iterations, 1)),
+      model=transformer.TransformerConfig(
+          vocab_size=1, num_layers=spec.num_layers, d_model=spec.d_model, num_heads=4,
+          mlp_dim=4 * spec.d_model, position="turn_slot", alibi=True, max_turns=16,
+          max_slots=64),
+      rollout=loop.RolloutConfig(
+          max_turns=max_turns, max_len=384, obs_buckets=(48, 64),
+          length_buckets=(128, 192, 288), sampling=sampler.SamplingConfig(temperature=1.0)),
+      loss=step.LossConfig(entropy_coef=0.01, agg_mode="token-mean"),
+      optim=optim,
+      critic_optim=optim,
+      warm_start=configs.WarmStartConfig(iterations=0),
+      evaluation=configs.EvalConfig(every=spec.num_iterations, num_tasks=spec.eval_tasks,
+                                    pass_k=0))
+
+
+def run_method(workdir: str, *, method: Method, env: str, seed: int,
+               spec: ComparisonSpec) -> RunResult:
+  """Trains one method from scratch in `workdir` (which must hold no earlier run).
+
+  Args:
+    workdir: fresh directory for metrics and the final checkpoint.
+    method: the credit method.
+    env: a key of `ENVS`.
+    seed: model initialisation and sampling seed.
+    spec: the shared sizes.
+
+  Returns:
+    `RunResult` with per-iteration training success and action rates.
+  """
+  if metrics_lib.read_metrics(workdir):
+    raise ValueError(f"workdir {workdir!r} already holds a run; use a fresh one")
+  probe = ActionRateProbe()
+  shapers = [probe] + ([curiosity.duplicate_observation_penalty] if method.curiosity else [])
+  summary = learner.train(os.fspath(workdir), reward_shapers=shapers,
+                          **train_kwargs(method, env, seed, spec))
+  records = [r for r in metrics_lib.read_metrics(workdir) if "train/success" in r]
+  records = sorted({int(r["step"]): r for r in records}.items())
+  if len(records) != spec.num_iterations or len(probe.records) != spec.num_iterations:
+    raise RuntimeError(f"expected {spec.num_iterations} iterations, got {len(records)} metric "
+                       f"records and {len(probe.records)} probe records in {workdir!r}")
+  return RunResult(
+      method=method.name, env=env, seed=seed,
+      success=np.array([r["train/success"] for _, r in records]),
+      invalid_action_rate=np.array([r["rollout/invalid_action_rate"] for _, r in records]),
+      repeated_action_rate=np.array([p["repeated_action_rate"] for p in probe.records]),
+      eval_success=float(summary.success_after))
+
+
+def summarize(results: Sequence[RunResult]) -> list[Summary]:
+  """Groups runs by (method, env), in first-seen order, and reduces over seeds.
+
+  "Late" values average each run's last quarter of iterations (at least one) before the
+  across-seed mean and band.
+  """
+  groups: dict[tuple[str, str], list[RunResult]] = {}
+  for result in results:
+    groups.setdefault((result.method, result.env), []).append(result)
+  summaries = []
+  for (method, env), runs in groups.items():
+    lengths = {r.success.shape[0] for r in runs}
+    if len(lengths) != 1:
+      raise ValueError(f"{method} on {env}: runs of different lengths {sorted(lengths)}")
+    tail = max(lengths.pop() // 4, 1)
+
+    def band(name):
+      return fits.mean_confidence_band(np.stack([getattr(r, name) for r in runs]))
+
+    def late(name):
+      values = np.array([np.mean(getattr(r, name)[-tail:]) for r in runs])
+      return tuple(float(v) for v in fits.mean_confidence_band(values))
+
+    final = np.array([r.eval_success for r in runs])
+    summaries.append(Summary(
+        method=method, env=env, num_seeds=len(runs),
+        success=band("success"), repeated_action_rate=band("repeated_action_rate"),
+        invalid_action_rate=band("invalid_action_rate"),
+        final_eval_success=tuple(float(v) for v in fits.mean_confidence_band(final)),
+        late_train_success=late("success"),
+        late_repeated_action_rate=late("repeated_action_rate"),
+        late_invalid_action_rate=late("invalid_action_rate")))
+  return summaries
+
+
+def results_table(summaries: Sequence[Summary]) -> str:
+  """A Markdown table: one row per (env, method), mean ± 95% half-width over seeds."""
+
+  def cell(triple):
+    mean, low, high = triple
+    return f"{mean:.3f}" if not np.isfinite(high - low) else f"{mean:.3f} ± {(high - low) / 2:.3f}"
+
+  lines = ["| env | method | seeds | held-out greedy success | train success (last 25%) | "
+           "repeated-action rate | invalid-action rate |",
+           "|---|---|---|---|---|---|---|"]
+  for s in sorted(summaries, key=lambda s: s.env):
+    lines.append(f"| {s.env} | {s.method} | {s.num_seeds} | {cell(s.final_eval_success)} | "
+                 f"{cell(s.late_train_success)} | {cell(s.late_repeated_action_rate)} | "
+                 f"{cell(s.late_invalid_action_rate)} |")
+  return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""Tests for agentrl_jax.studies.credit_comparison (the plumbing; training itself runs in the
+notebook, whose SMALL execution is the slow test in tests/notebooks)."""
+
+import jax
+import numpy as np
+import pytest
+
+from agentrl_jax import types
+from agentrl_jax.studies import credit_comparison as cc
+from agentrl_jax.viewer import report
+
+
+def _batch():
+  # Two episodes, three turns, one token per action:
+  #   row 0 actions [5, 5, 7] -> one repeat among two followers; all valid.
+  #   row 1 actions [7, 7] (two turns) -> one repeat among one follower; turn 1 invalid.
+  # repeated = 2/3, invalid = 1/5, success = 1/2.
+  traj = types.empty_trajectories(batch_size=2, max_len=4, max_turns=3)
+  traj = traj.replace(
+      tokens=np.array([[5, 5, 7, 0], [7, 7, 0, 0]], np.int32),
+      turn_mask=np.array([[1, 1, 1], [1, 1, 0]], bool),
+      action_valid=np.array([[1, 1, 1], [1, 0, 0]], bool),
+      turn_start=np.array([[0, 1, 2], [0, 1, 0]], np.int32),
+      turn_end=np.array([[1, 2, 3], [1, 2, 0]], np.int32),
+      success=np.array([True, False]))
+  return traj
+
+
+def test_probe_records_action_rates_under_jit_and_changes_nothing():
+  traj = _batch()
+  probe = cc.ActionRateProbe()
+  out = jax.jit(probe)(jax.tree.map(jax.numpy.asarray, traj))
+  jax.effects_barrier()
+  assert len(probe.records) == 1
+  np.testing.assert_allclose(
+      [probe.records[0][k] for k in ("success", "repeated_action_rate", "invalid_action_rate")],
+      [0.5, 2 / 3, 1 / 5])
+  assert probe.records[0] == report.action_rates(traj)
+  for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(traj)):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_methods_cover_the_issue_and_validate():
+  names = [m.name for m in cc.METHODS]
+  assert names == ["grpo", "dr_grpo", "rloo", "gigpo", "gagpo", "mt_grpo", "ppo_gae",
+                   "grpo_curiosity"]
+  with pytest.raises(ValueError, match="use_critic"):
+    cc.Method(name="ppo", estimator="gae")
+  with pytest.raises(ValueError, match="unknown advantage estimator"):
+    cc.Method(name="x", estimator="nope")
+  with pytest.raises(ValueError, match="group_size"):
+    cc.ComparisonSpec(group_size=1)
+
+
+def test_train_kwargs():
+  spec = cc.ComparisonSpec(num_iterations=3, tasks_per_iteration=2, group_size=4, d_model=32)
+  ppo = next(m for m in cc.METHODS if m.name == "ppo_gae")
+  kwargs = cc.train_kwargs(ppo, "dd_chain", 7, spec)
+  config = kwargs["config"]
+  assert (config.estimator, config.use_critic, config.seed, config.num_iterations) == (
+      "gae", True, 7, 3)
+  assert config.env_kwargs == {"horizon": 8, "num_decisions": 2, "noise_std": 0.0}
+  assert kwargs["rollout"].max_turns == 8 and kwargs["model"].d_model == 32
+  assert kwargs["warm_start"].iterations == 0
+  with pytest.raises(ValueError, match="unknown env"):
+    cc.train_kwargs(ppo, "chess", 0, spec)
+
+
+def _result(method, seed, success, eval_success):
+  n = len(success)
+  return cc.RunResult(method=method, env="dd_chain", seed=seed, success=np.array(success),
+                      invalid_action_rate=np.zeros(n), repeated_action_rate=np.full(n, 0.5),
+                      eval_success=eval_success)
+
+
+def test_summarize_and_table():
+  runs = [_result("grpo", 0, [0.0, 0.2, 0.4, 0.6], 0.5),
+          _result("grpo", 1, [0.0, 0.4, 0.6, 1.0], 0.7),
+          _result("rloo", 0, [0.1, 0.1, 0.1, 0.1], 0.0)]
+  grpo, rloo = cc.summarize(runs)
+  assert (grpo.method, grpo.num_seeds, rloo.num_seeds) == ("grpo", 2, 1)
+  np.testing.assert_allclose(grpo.success[0], [0.0, 0.3, 0.5, 0.8])
+  # Last quarter of 4 iterations = the last one: [0.6, 1.0] -> mean 0.8, s = √0.08,
+  # half-width 12.706·√0.08/√2 = 12.706·0.2 = 2.5412.
+  np.testing.assert_allclose(grpo.late_train_success, [0.8, 0.8 - 2.5412, 0.8 + 2.5412],
+                             rtol=1e-9)
+  np.testing.assert_allclose(grpo.final_eval_success[0], 0.6)
+  assert np.isnan(rloo.final_eval_success[1])
+  table = cc.results_table([grpo, rloo])
+  assert "| dd_chain | grpo | 2 | 0.600 ± 1.271 |" in table
+  assert "| dd_chain | rloo | 1 | 0.000 | 0.100 | 0.500 | 0.000 |" in table
+  with pytest.raises(ValueError, match="different lengths"):
+    cc.summarize(runs + [_result("rloo", 1, [0.1], 0.0)])
