@@ -37,13 +37,21 @@ _CORE = [
     "etils[epath]",  # Paths that may be gs:// (viewer reports).
 ]
 
+# Light engines of the environment suite; the default test suite exercises them, so `dev` has them.
+_LIGHT_ENVS = [
+    "sqlglot>=30",  # SQL clause diagnostics (Progress-SQL).
+    "bm25s>=0.3",  # search_qa retriever.
+    "tensorflow-datasets>=4.9",  # Task sets as array_record datasets, read without TensorFlow.
+    "array_record>=0.8",
+    "importlib_resources>=7",  # tfds builders defined inside a package need it.
+]
+
 _EXTRAS = {
     # rlax is a reference implementation that `*_vs_reference_test.py` compares against;
     # hypothesis drives the property-based tests.
     # matplotlib: CI executes the study notebooks at SMALL size.
-    "dev": ["pytest>=9.0", "rlax>=0.1", "hypothesis>=6.155", "matplotlib>=3.11"],
-    # Filled as environments with third-party engines (textworld, ...) land.
-    "envs": [],
+    "dev": ["pytest>=9.0", "rlax>=0.1", "hypothesis>=6.155", "matplotlib>=3.11"] + _LIGHT_ENVS,
+    "envs": _LIGHT_ENVS,
     # torch is pinned: an unpinned torch resolves to a multi-GB CUDA build, and hf.py only needs
     # it to read checkpoints that safetensors alone cannot.
     "hf": ["transformers", "safetensors", "tokenizers", "torch==2.13.0"],

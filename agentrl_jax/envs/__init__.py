@@ -8,6 +8,10 @@ from agentrl_jax.envs import base
 from agentrl_jax.envs import dd_chain
 from agentrl_jax.envs import frozenlake
 from agentrl_jax.envs import registry
+from agentrl_jax.envs import search_qa
+from agentrl_jax.envs import sokoban
+from agentrl_jax.envs import sql
+from agentrl_jax.envs import tool_use
 from agentrl_jax.envs.base import StepResult
 from agentrl_jax.envs.base import TextEnv
 from agentrl_jax.envs.base import observation_hash
@@ -26,4 +30,8 @@ __all__ = [
     "observation_hash",
     "register",
     "registry",
+    "search_qa",
+    "sokoban",
+    "sql",
+    "tool_use",
 ]

@@ -110,6 +110,21 @@ def noisy_expert(noise: float) -> ScriptedActor:
   return act
 
 
+# Info keys with a dedicated place in the contract; every other bool/number per-step key goes to
+# `traj.extras[key]` as a [B, N] float32 array (e.g. search_turn, sql_score) for the methods that
+# read them.
+_CONTRACT_INFO_KEYS = frozenset({"action_valid", "success", "sub_outcomes"})
+
+
+def _record_step_info(traj: types.Trajectories, info: dict, row: int, turn: int) -> None:
+  for key, value in info.items():
+    if key in _CONTRACT_INFO_KEYS or isinstance(value, str) or not np.isscalar(value):
+      continue
+    if key not in traj.extras:
+      traj.extras[key] = np.zeros(traj.reward.shape, np.float32)
+    traj.extras[key][row, turn] = float(value)
+
+
 def trim_tokens(traj: types.Trajectories, length: int) -> types.Trajectories:
   """Drops token columns from `length` on (they must be padding)."""
   cut = lambda x: x[:, :length]
@@ -226,9 +241,13 @@ class RolloutRunner:
     return actions, out.cache
 
   def _scripted_actions(self, envs, actor, actor_rng, active):
+    """Tokenized scripted actions, ended by the first stop token the way the policy must end them."""
+    sampling = self.config.sampling
+    stop = list(sampling.stop_token_ids[:1])
     actions = [([], []) for _ in envs]
     for i in np.flatnonzero(active):
-      ids = self.tokenizer.encode(actor(envs[i], actor_rng))[:self.config.sampling.max_action_tokens]
+      ids = self.tokenizer.encode(actor(envs[i], actor_rng))[:sampling.max_action_tokens - len(stop)]
+      ids = ids + stop
       actions[i] = (ids, [0.0] * len(ids))
     return actions
 
@@ -264,6 +283,7 @@ class RolloutRunner:
       traj.reward[i, turn] = result.reward
       traj.action_valid[i, turn] = valid
       traj.obs_hash[i, turn] = envs_base.observation_hash(result.observation)
+      _record_step_info(traj, result.info, i, turn)
       traj.outcome[i] += result.reward
       observations[i] = result.observation
       if result.done:
