@@ -51,7 +51,9 @@ _EXTRAS = {
     # hypothesis drives the property-based tests.
     # matplotlib: CI executes the study notebooks at SMALL size.
     "dev": ["pytest>=9.0", "rlax>=0.1", "hypothesis>=6.155", "matplotlib>=3.11"] + _LIGHT_ENVS,
-    "envs": _LIGHT_ENVS,
+    # TextWorld engines: heavy (spaCy, jericho) and, for TextWorld-Express, Java on PATH. Their
+    # tests skip with a reason where these are absent.
+    "envs": _LIGHT_ENVS + ["textworld==1.7.0", "textworld-express==1.1.0"],
     # torch is pinned: an unpinned torch resolves to a multi-GB CUDA build, and hf.py only needs
     # it to read checkpoints that safetensors alone cannot.
     "hf": ["transformers", "safetensors", "tokenizers", "torch==2.13.0"],

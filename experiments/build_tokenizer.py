@@ -26,7 +26,7 @@ import numpy as np
 from agentrl_jax import envs
 from agentrl_jax.models import tokenizer as tokenizer_lib
 
-VOCAB_SIZE = 512
+VOCAB_SIZE = 1024
 EPISODES_PER_CONFIG = 300
 # Probability that one step plays a malformed action: enough for every feedback message to be
 # frequent, small enough that boards dominate the corpus as they dominate real rollouts.
@@ -51,6 +51,12 @@ ENV_CONFIGS: dict[str, list[dict[str, Any]]] = {
         {"horizon": 32, "num_decisions": 8},
     ],
 }
+
+# The envs whose text the tokenizer is trained on: every env that runs without an optional engine.
+# A fixed list, not the registry, keeps the model reproducible wherever the `envs` extra (TextWorld)
+# is absent; TextWorld text is English prose the byte fallback and these merges cover.
+CORPUS_ENVS = ("dd_chain", "frozenlake", "negotiation", "search_qa", "sokoban", "sql", "terminal",
+               "tool_use", "webshop_lite")
 
 _JUNK_WORDS = ("jump", "stay", "wait", "go", "north", "south", "east", "west", "move", "yes",
                "no", "2", "-1", "left right", "up up", "forward", "back", "none", "help", "?")
@@ -108,7 +114,7 @@ def collect_corpus(episodes_per_config: int = EPISODES_PER_CONFIG,
   """
   rng = np.random.default_rng(seed)
   corpus = {}
-  for name in envs.names():
+  for name in CORPUS_ENVS:
     for config in ENV_CONFIGS.get(name, [{}]):
       env = envs.make(name, **config)
       observations, actions = [], []

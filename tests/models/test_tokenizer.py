@@ -58,7 +58,7 @@ def _env_texts(name, episodes=20, **kwargs):
 
 
 def test_fixed_ids_and_markers(tok):
-  assert tok.vocab_size == 512
+  assert tok.vocab_size == 1024
   assert (tok.pad_id, tok.eos_id, tok.bos_id) == (0, 3, 2)
   markers = {tok.obs_id, tok.act_id, tok.end_id}
   assert len(markers) == 3 and not markers & {0, 1, 2, 3}
@@ -100,10 +100,11 @@ def test_board_costs_one_token_per_cell_plus_line_breaks(tok, size):
 
 
 def test_observations_are_compact(tok):
-  # Measured on 300 default episodes: first observation 32 tokens, move feedback + board 22,
-  # invalid-action feedback + board 31-35, worst case (non-text action at the step cap) 38.
+  # Measured on 300 default episodes with the shipped model (trained on nine envs' text): first
+  # observation 35 tokens, move feedback + board 22, invalid-action feedback quoting junk + board
+  # up to 51.
   frozenlake = [len(tok.encode(t)) for t in _env_texts("frozenlake")]
-  assert max(frozenlake) <= 40
+  assert max(frozenlake) <= 56
   dd = [len(tok.encode(t)) for t in _env_texts("dd_chain")]
   assert max(dd) <= 25
 
@@ -194,7 +195,7 @@ def test_build_script_reproduces_the_shipped_model(tmp_path):
   run = subprocess.run(
       [sys.executable, os.path.join(_ROOT, "experiments", "build_tokenizer.py"),
        f"--output={output}"], env=env, check=True, capture_output=True, text=True)
-  assert "vocab size: 512" in run.stdout
+  assert "vocab size: 1024" in run.stdout
   shipped = tokenizer_lib.default_model_path()
   with open(shipped, "rb") as f:
     assert output.read_bytes() == f.read(), "rerun experiments/build_tokenizer.py and ship it"

@@ -1,0 +1,277 @@
+"""TextWorld-Express games (CoinCollector, CookingWorld, TextWorld-CommonSense) as a text env.
+
+The engine is the `textworld-express` package (a Java simulator driven over py4j; it needs a Java
+runtime). It is an optional dependency (the `envs` extra) and is imported only when an env is
+built, so `import agentrl_jax.envs` works without it.
+
+The reset seed picks one of the engine's valid seeds of the chosen fold (`seed % number of
+seeds`), so every non-negative seed is a game and the same seed is the same game. Reward is the
+change of the engine's normalised score (0 to 1), success is the engine's task success, and the
+expert replays the engine's gold action sequence.
+
+Every env of a Python process shares one engine (one JVM): the learner builds a fresh env per
+episode slot each iteration, and a JVM per env would mean hundreds of processes. The engine holds
+one game state at a time, so an env whose episode is not the engine's current one restores it by
+replaying its seed and commands (a reset takes ~30 ms, a step ~1 ms); games are deterministic, so
+the replay reproduces the state exactly.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from agentrl_jax.envs import base
+from agentrl_jax.envs import registry
+
+# Names the engine knows, with friendlier aliases.
+GAMES = {"coin": "coin", "coin_collector": "coin", "cookingworld": "cookingworld",
+         "cooking": "cookingworld", "twc": "twc", "commonsense": "twc"}
+FOLDS = ("train", "dev", "test")
+# Default parameters keep the games small enough for a tiny agent's context window.
+DEFAULT_PARAMS = {
+    "coin": "numLocations=3,numDistractorItems=0,includeDoors=0",
+    "cookingworld": "numLocations=1,numIngredients=2,numDistractorItems=0,includeDoors=0,"
+                    "limitInventorySize=0",
+    "twc": "numLocations=1,numItemsToPutAway=2,includeDoors=0,limitInventorySize=0",
+}
+MAX_ACTION_CHARS = 200
+_QUOTE_CHARS = 16
+_LOOK = "look around"
+# The shared engine's own step limit; far above any env's step cap, which governs episodes.
+_ENGINE_STEP_LIMIT = 100_000
+
+
+def _engine_class():
+  try:
+    from textworld_express import TextWorldExpressEnv  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(
+        "the 'textworld_express' env needs the textworld-express package and a Java runtime: "
+        "pip install 'agentrl_jax[envs]'") from e
+  return TextWorldExpressEnv
+
+
+class _SharedEngine:
+  """The process's one engine and which episode its state currently belongs to."""
+
+  def __init__(self):
+    self.lock = threading.Lock()
+    self.engine = None
+    self.loaded: tuple[str, str] | None = None  # (game, params) of the loaded game generator.
+    self.owner: object | None = None  # The episode token whose state the engine holds.
+    self.seeds: dict[tuple[str, str, str], list[int]] = {}
+
+  def get(self, game: str, params: str):
+    if self.engine is None:
+      self.engine = _engine_class()(envStepLimit=_ENGINE_STEP_LIMIT)
+    if self.loaded != (game, params):
+      self.engine.load(gameName=game, gameParams=params)
+      self.loaded, self.owner = (game, params), None
+    return self.engine
+
+  def fold_seeds(self, game: str, params: str, fold: str) -> list[int]:
+    key = (game, params, fold)
+    if key not in self.seeds:
+      engine = self.get(game, params)
+      getter = {"train": engine.getValidSeedsTrain, "dev": engine.getValidSeedsDev,
+                "test": engine.getValidSeedsTest}[fold]
+      self.seeds[key] = list(getter())
+    return self.seeds[key]
+
+  def shutdown(self) -> None:
+    with self.lock:
+      if self.engine is not None:
+        self.engine.close()
+      self.engine, self.loaded, self.owner = None, None, None
+
+
+_SHARED = _SharedEngine()
+
+
+def shutdown_engine() -> None:
+  """Stops the shared Java engine (the next reset starts a new one; it also dies with Python)."""
+  _SHARED.shutdown()
+
+
+def _params_text(params: str | dict[str, Any] | None, game: str) -> str:
+  if params is None:
+    return DEFAULT_PARAMS[game]
+  if isinstance(params, dict):
+    items = sorted(params.items())
+    return ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in items)
+  if isinstance(params, str):
+    return params
+  raise ValueError(f"game_params must be a str, a dict or None, got {params!r}")
+
+
+@registry.register("textworld_express")
+class TextWorldExpress(base.TextEnv):
+  """One TextWorld-Express game per episode.
+
+  Info every step: `action_valid` (the command was in the engine's valid-action list), `score`.
+  Final step: `success`, `sub_outcomes = {"score": final normalised score}`.
+  """
+
+  def __init__(self, game: str = "coin", game_params: str | dict[str, Any] | None = None,
+               fold: str = "train", max_turns: int = 20, show_valid_actions: bool = False):
+    """Builds the env (the shared Java engine starts lazily, on the first reset).
+
+    Args:
+      game: "coin" (CoinCollector), "cookingworld" or "twc" (TextWorld-CommonSense); aliases
+        "coin_collector", "cooking", "commonsense".
+      game_params: engine parameters, as "k=v,k=v" or a dict; None = small defaults.
+      fold: "train", "dev" or "test" seeds of the engine.
+      max_turns: step cap, >= 1.
+      show_valid_actions: list the valid commands in every observation.
+    """
+    if game not in GAMES:
+      raise ValueError(f"game must be one of {sorted(GAMES)}, got {game!r}")
+    if fold not in FOLDS:
+      raise ValueError(f"fold must be one of {FOLDS}, got {fold!r}")
+    super().__init__(max_turns=max_turns)
+    self.game = GAMES[game]
+    self.game_params = _params_text(game_params, self.game)
+    self.fold = fold
+    self.show_valid_actions = bool(show_valid_actions)
+    self._game_seed = 0
+    self._history: list[str] = []  # Commands sent to the engine this episode.
+    self._token: object | None = None  # Identifies this episode to the shared engine.
+    self._gold: list[str] = []
+    self._valid: list[str] = []
+    self._score = 0.0
+    self._expert_step = 0
+
+  @property
+  def valid_actions(self) -> list[str]:
+    """The engine's valid commands in the current state."""
+    return list(self._valid)
+
+  def close(self) -> None:
+    """Releases the shared engine (which keeps running, see `shutdown_engine`)."""
+    with _SHARED.lock:
+      if _SHARED.owner is self._token:
+        _SHARED.owner = None
+
+  def expert_action(self) -> str:
+    """The next command of the gold path ("look around" once it is used up).
+
+    The path is planned from the reset state, so it is the expert's only while the episode
+    follows it (as expert and warm-start rollouts do).
+    """
+    if self._expert_step < len(self._gold):
+      return self._gold[self._expert_step]
+    return _LOOK
+
+  def _reset(self, seed: int) -> str:
+    with _SHARED.lock:
+      seeds = _SHARED.fold_seeds(self.game, self.game_params, self.fold)
+      self._game_seed = seeds[seed % len(seeds)]
+      engine = _SHARED.get(self.game, self.game_params)
+      observation, infos = engine.reset(seed=self._game_seed, gameFold=self.fold,
+                                        generateGoldPath=True)
+      gold = list(engine.getGoldActionSequence())
+      # The gold path opens with the "look around" that produced the first observation.
+      gold = gold[1:] if gold and gold[0] == _LOOK else gold
+      self._gold = self._shortcut(engine, gold)
+      self._token = object()
+      # The shortcut search moved the engine; the first step replays from the start.
+      _SHARED.owner = None
+    self._history = []
+    self._expert_step = 0
+    self._valid = list(infos["validActions"])
+    self._score = float(infos["score"])
+    return self._render(f"{infos['taskDescription'].strip()}\n{observation.strip()}")
+
+  def _shortcut(self, engine, gold: list[str]) -> list[str]:
+    """The gold path with its detours (returns to an earlier state) cut out.
+
+    The engine draws some gold paths by random exploration from a generator whose state depends
+    on the engine's earlier games (CoinCollector walks back and forth), so the same seed can get
+    different, long paths. A state here is (room text, inventory, score); cutting every loop back
+    to an earlier state gives a shorter path that no longer depends on that history for the
+    games tried. The cut path is kept only if replaying it still wins.
+    """
+    start = engine.reset(seed=self._game_seed, gameFold=self.fold, generateGoldPath=False)[1]
+    keys, path = [_state_key(start)], []
+    for action in gold:
+      key = _state_key(engine.step(action)[3])
+      if key in keys:
+        cut = keys.index(key)
+        keys, path = keys[:cut + 1], path[:cut]
+      else:
+        keys.append(key)
+        path.append(action)
+    if path == gold:
+      return gold
+    engine.reset(seed=self._game_seed, gameFold=self.fold, generateGoldPath=False)
+    infos = start
+    for action in path:
+      infos = engine.step(action)[3]
+    return path if infos["tasksuccess"] else gold
+
+  def _engine_step(self, command: str):
+    with _SHARED.lock:
+      engine = _SHARED.get(self.game, self.game_params)
+      if _SHARED.owner is not self._token:
+        engine.reset(seed=self._game_seed, gameFold=self.fold, generateGoldPath=False)
+        for previous in self._history:
+          engine.step(previous)
+        _SHARED.owner = self._token
+      result = engine.step(command)
+    self._history.append(command)
+    return result
+
+  def _step(self, action: Any) -> base.StepResult:
+    problem = _malformed_reason(action)
+    if problem is not None:
+      observation = f"invalid action: {problem}; type a command such as '{_LOOK}'"
+      return base.StepResult(self._render(observation), 0.0, False,
+                             {"action_valid": False, "score": self._score})
+    command = " ".join(action.split())
+    canonical = {a.lower(): a for a in self._valid}.get(command.lower())
+    valid = canonical is not None
+    if valid and self._expert_step < len(self._gold) and canonical == self._gold[self._expert_step]:
+      self._expert_step += 1
+    observation, _, done, infos = self._engine_step(canonical or command)
+    score = float(infos["score"])
+    reward, self._score = score - self._score, score
+    self._valid = list(infos["validActions"])
+    info: dict[str, Any] = {"action_valid": valid, "score": score}
+    observation = observation.strip()
+    if not valid:
+      observation = f"invalid action '{_quote(command)}': {observation}"
+    if done or infos["tasksuccess"] or infos["taskfailure"]:
+      info["success"] = bool(infos["tasksuccess"])
+      info["sub_outcomes"] = {"score": score}
+      return base.StepResult(observation, reward, True, info)
+    return base.StepResult(self._render(observation), reward, False, info)
+
+  def _on_step_cap(self, result: base.StepResult) -> base.StepResult:
+    info = dict(result.info, success=False, sub_outcomes={"score": self._score})
+    return result._replace(done=True, info=info)
+
+  def _render(self, text: str) -> str:
+    if self.show_valid_actions:
+      text += "\nvalid actions: " + ", ".join(sorted(self._valid))
+    return text
+
+
+def _state_key(infos: dict[str, Any]) -> tuple[str, str, float]:
+  return infos["look"], infos["inventory"], float(infos["score"])
+
+
+def _malformed_reason(action: Any) -> str | None:
+  if not isinstance(action, str):
+    return f"action of type {type(action).__name__}, expected text"
+  text = action.strip()
+  if not text:
+    return "empty action"
+  if len(text) > MAX_ACTION_CHARS:
+    return f"action of {len(text)} characters is longer than {MAX_ACTION_CHARS}"
+  return None
+
+
+def _quote(text: str) -> str:
+  text = " ".join(text.split())
+  return text if len(text) <= _QUOTE_CHARS else text[:_QUOTE_CHARS] + "..."
