@@ -1,7 +1,7 @@
 """SentencePiece tokenizer: train on environment text, load, encode and decode exactly.
 
 The shipped model (`assets/tokenizer/agentrl_envs.model`, built by `experiments/build_tokenizer.py`
-from text the built-in environments produce) is small on purpose: a 512-piece vocabulary keeps
+from text the built-in environments produce) is small on purpose: a 1024-piece vocabulary keeps
 the tiny policy's embedding small, and every action word and board cell is one token.
 
 Exactness: `decode(encode(text)) == text` for every string. Training keeps text as is (identity

@@ -26,8 +26,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 # Logical axis names (DESIGN.md "Models and sharding").
-BATCH, SEQ, EMBED, MLP, HEADS, KV, VOCAB, TURN = (
-    "batch", "seq", "embed", "mlp", "heads", "kv", "vocab", "turn")
+BATCH, SEQ, EMBED, MLP, HEADS, KV, VOCAB, TURN, EXPERT = (
+    "batch", "seq", "embed", "mlp", "heads", "kv", "vocab", "turn", "expert")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +43,10 @@ class TransformerConfig:
   mlp_dim: int | None = None
   position: Literal["rope", "turn_slot"] = "rope"
   rope_theta: float = 10000.0
+  rope_scaling_factor: float | None = None
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_max_position: int = 8192
   max_turns: int = 64
   max_slots: int = 128
   alibi: bool = False
@@ -50,6 +54,8 @@ class TransformerConfig:
   tie_embeddings: bool = True
   norm_eps: float = 1e-6
   head: Literal["lm", "value"] = "lm"
+  num_experts: int = 0
+  experts_per_token: int = 2
 
   def __post_init__(self):
     for name in ("vocab_size", "num_layers", "d_model", "num_heads", "max_turns", "max_slots"):
@@ -67,6 +73,22 @@ class TransformerConfig:
           f"TransformerConfig.d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
     if self.position == "rope" and self.dim_per_head % 2:
       raise ValueError(f"RoPE needs an even head_dim, got {self.dim_per_head}")
+    if self.rope_scaling_factor is not None:
+      if self.rope_scaling_factor < 1:
+        raise ValueError(
+            f"TransformerConfig.rope_scaling_factor must be >= 1, got {self.rope_scaling_factor}")
+      if not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
+        raise ValueError(
+            "TransformerConfig needs 0 < rope_low_freq_factor < rope_high_freq_factor, got "
+            f"{self.rope_low_freq_factor}, {self.rope_high_freq_factor}")
+      if self.rope_original_max_position <= 0:
+        raise ValueError("TransformerConfig.rope_original_max_position must be positive, got "
+                         f"{self.rope_original_max_position}")
+    if self.num_experts < 0:
+      raise ValueError(f"TransformerConfig.num_experts must be >= 0, got {self.num_experts}")
+    if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
+      raise ValueError(f"TransformerConfig.experts_per_token must be in [1, num_experts="
+                       f"{self.num_experts}], got {self.experts_per_token}")
 
   @property
   def kv_heads(self) -> int:
@@ -93,6 +115,82 @@ def small(vocab_size: int, **overrides) -> TransformerConfig:
   kw = dict(num_layers=6, d_model=256, num_heads=8, num_kv_heads=2, mlp_dim=1024)
   kw.update(overrides)
   return TransformerConfig(vocab_size=vocab_size, **kw)
+
+
+def _preset(vocab_size: int, overrides: dict, **kw) -> TransformerConfig:
+  kw.update(overrides)
+  return TransformerConfig(vocab_size=vocab_size, position="rope", **kw)
+
+
+# The real shapes of the released checkpoints (their config.json files). `models/hf.py` builds the
+# same configs from a checkpoint's own config.json; these let a run be planned (memory, sharding)
+# without one on disk.
+def _qwen2(**kw):
+  return dict(qkv_bias=True, rope_theta=1_000_000.0, norm_eps=1e-6, **kw)
+
+
+def _llama3(**kw):
+  return dict(qkv_bias=False, rope_theta=500_000.0, norm_eps=1e-5, rope_low_freq_factor=1.0,
+              rope_high_freq_factor=4.0, rope_original_max_position=8192, **kw)
+
+
+def qwen2_5_0_5b(vocab_size: int = 151936, **overrides) -> TransformerConfig:
+  return _preset(vocab_size, overrides, **_qwen2(num_layers=24, d_model=896, num_heads=14,
+                                                 num_kv_heads=2, mlp_dim=4864, tie_embeddings=True))
+
+
+def qwen2_5_1_5b(vocab_size: int = 151936, **overrides) -> TransformerConfig:
+  return _preset(vocab_size, overrides, **_qwen2(num_layers=28, d_model=1536, num_heads=12,
+                                                 num_kv_heads=2, mlp_dim=8960, tie_embeddings=True))
+
+
+def qwen2_5_3b(vocab_size: int = 151936, **overrides) -> TransformerConfig:
+  return _preset(vocab_size, overrides, **_qwen2(num_layers=36, d_model=2048, num_heads=16,
+                                                 num_kv_heads=2, mlp_dim=11008, tie_embeddings=True))
+
+
+def qwen2_5_7b(vocab_size: int = 152064, **overrides) -> TransformerConfig:
+  return _preset(vocab_size, overrides, **_qwen2(num_layers=28, d_model=3584, num_heads=28,
+                                                 num_kv_heads=4, mlp_dim=18944, tie_embeddings=False))
+
+
+def llama3_2_1b(vocab_size: int = 128256, **overrides) -> TransformerConfig:
+  return _preset(vocab_size, overrides, **_llama3(
+      num_layers=16, d_model=2048, num_heads=32, num_kv_heads=8, head_dim=64, mlp_dim=8192,
+      tie_embeddings=True, rope_scaling_factor=32.0))
+
+
+def llama3_2_3b(vocab_size: int = 128256, **overrides) -> TransformerConfig:
+  return _preset(vocab_size, overrides, **_llama3(
+      num_layers=28, d_model=3072, num_heads=24, num_kv_heads=8, head_dim=128, mlp_dim=8192,
+      tie_embeddings=True, rope_scaling_factor=32.0))
+
+
+def llama3_1_8b(vocab_size: int = 128256, **overrides) -> TransformerConfig:
+  return _preset(vocab_size, overrides, **_llama3(
+      num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128, mlp_dim=14336,
+      tie_embeddings=False, rope_scaling_factor=8.0))
+
+
+PRESETS = {
+    "qwen2.5-0.5b": qwen2_5_0_5b, "qwen2.5-1.5b": qwen2_5_1_5b, "qwen2.5-3b": qwen2_5_3b,
+    "qwen2.5-7b": qwen2_5_7b, "llama-3.2-1b": llama3_2_1b, "llama-3.2-3b": llama3_2_3b,
+    "llama-3.1-8b": llama3_1_8b,
+}
+
+
+def num_params(config: TransformerConfig) -> int:
+  """Parameter count from the shapes alone (no arrays are built)."""
+  c = config
+  q, kv = c.num_heads * c.dim_per_head, c.kv_heads * c.dim_per_head
+  attn = c.d_model * (q + 2 * kv) + q * c.d_model + (q + 2 * kv if c.qkv_bias else 0)
+  ffn = 3 * c.d_model * c.hidden_dim
+  if c.num_experts:
+    ffn = c.num_experts * ffn + c.d_model * c.num_experts
+  layer = attn + ffn + 2 * c.d_model
+  head = 0 if c.head == "lm" and c.tie_embeddings else (c.d_model if c.head == "value" else c.d_model * c.vocab_size)
+  extra = (c.max_turns + c.max_slots) * c.d_model if c.position == "turn_slot" else 0
+  return c.vocab_size * c.d_model + extra + c.num_layers * layer + c.d_model + head
 
 
 @flax.struct.dataclass
@@ -138,8 +236,31 @@ class RMSNorm(nnx.Module):
     return (x * jax.lax.rsqrt(var + self.eps) * self.scale[...]).astype(x.dtype)
 
 
-def rope_frequencies(head_dim: int, theta: float) -> jax.Array:
-  return 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+def rope_frequencies(head_dim: int, theta: float, scaling_factor: float | None = None,
+                     low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                     original_max_position: int = 8192) -> jax.Array:
+  """Inverse frequencies [head_dim/2] of RoPE, with Llama 3's long-context rescaling if asked.
+
+  Llama 3 (scaling_factor set) divides the frequencies whose wavelength exceeds
+  original_max_position / low_freq_factor by the factor, keeps those whose wavelength is below
+  original_max_position / high_freq_factor, and interpolates linearly (in
+  original_max_position / wavelength) between the two bands.
+  """
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+  if scaling_factor is None:
+    return inv_freq
+  wavelength = 2 * math.pi / inv_freq
+  ratio = original_max_position / wavelength
+  smooth = jnp.clip((ratio - low_freq_factor) / (high_freq_factor - low_freq_factor), 0.0, 1.0)
+  # smooth = 0 on the long-wavelength band (fully scaled), 1 on the short one (unchanged).
+  return (1.0 - smooth) * inv_freq / scaling_factor + smooth * inv_freq
+
+
+def config_rope_frequencies(config: TransformerConfig) -> jax.Array:
+  c = config
+  return rope_frequencies(c.dim_per_head, c.rope_theta, c.rope_scaling_factor,
+                          c.rope_low_freq_factor, c.rope_high_freq_factor,
+                          c.rope_original_max_position)
 
 
 def apply_rope(x: jax.Array, position: jax.Array, inv_freq: jax.Array) -> jax.Array:
@@ -195,7 +316,7 @@ class Attention(nnx.Module):
     c = self.config
     q, k, v = self._project(x)
     if c.position == "rope":
-      inv_freq = rope_frequencies(c.dim_per_head, c.rope_theta)
+      inv_freq = config_rope_frequencies(c)
       q = apply_rope(q, pos.position, inv_freq)
       k = apply_rope(k, pos.position, inv_freq)
     if layer_cache is None:
@@ -245,12 +366,21 @@ class Block(nnx.Module):
     self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
     self.attn = Attention(config, rngs)
     self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
-    self.mlp = SwiGLU(config, rngs)
+    if config.num_experts:
+      from agentrl_jax.models import moe  # moe reads this module's config; import it lazily
+      self.mlp = moe.MoEFeedForward(config, rngs)
+    else:
+      self.mlp = SwiGLU(config, rngs)
+    self.is_moe = bool(config.num_experts)
 
-  def __call__(self, x, pos, layer_cache, cache_length):
+  def __call__(self, x, pos, layer_cache, cache_length, replay=None):
+    """Returns (output, updated layer cache or None, [B, T, k] experts used or None)."""
     h, new_cache = self.attn(self.attn_norm(x), pos, layer_cache, cache_length)
     x = x + h
-    return x + self.mlp(self.mlp_norm(x)), new_cache
+    if self.is_moe:
+      out, experts = self.mlp(self.mlp_norm(x), replay)
+      return x + out, new_cache, experts
+    return x + self.mlp(self.mlp_norm(x)), new_cache, None
 
 
 class Transformer(nnx.Module):
@@ -289,7 +419,8 @@ class Transformer(nnx.Module):
       return h @ self.embed[...].T
     return h @ self.lm_head[...]
 
-  def __call__(self, tokens: jax.Array, pos: Positions, cache: KVCache | None = None):
+  def __call__(self, tokens: jax.Array, pos: Positions, cache: KVCache | None = None,
+               routing: jax.Array | None = None):
     """Forward pass over a chunk of tokens.
 
     Args:
@@ -297,31 +428,45 @@ class Transformer(nnx.Module):
       pos: positions of the tokens; with a cache, pos.position must be cache.length + arange(T).
       cache: None for a full pass from position 0, or the cache to extend. The chunk is written
         at offset cache.length[b]; the caller advances `length` by the number of valid tokens.
+      routing: MoE only: [B, T, layers, k] expert indices to replay (None: route freely).
     Returns:
       (logits [B, T, V] or values [B, T], updated cache or None).
     """
-    features, cache = self.features(tokens, pos, cache)
+    features, cache = self.features(tokens, pos, cache, routing)
     return self.head_out(features), cache
 
-  def features(self, tokens: jax.Array, pos: Positions, cache: KVCache | None = None):
+  def features(self, tokens: jax.Array, pos: Positions, cache: KVCache | None = None,
+               routing: jax.Array | None = None):
     """The final-normed hidden states [B, T, D] the head reads, and the updated cache.
 
     Callers that need the head at a few positions only (the learner: action tokens) gather
     these first and call `head_out` on the gathered rows.
     """
+    x, cache, _ = self.features_and_routing(tokens, pos, cache, routing)
+    return x, cache
+
+  def features_and_routing(self, tokens: jax.Array, pos: Positions, cache: KVCache | None = None,
+                           routing: jax.Array | None = None):
+    """`features`, plus the experts every MoE layer used, [B, T, layers, k] (None if dense)."""
     chex.assert_rank([tokens, pos.position], 2)
+    if routing is not None and not self.config.num_experts:
+      raise ValueError("routing replay was given to a dense model (num_experts=0)")
     x = self.embed_tokens(tokens, pos)
-    new_k, new_v = [], []
+    new_k, new_v, experts = [], [], []
     for i, block in enumerate(self.blocks):
       layer_cache = None if cache is None else (cache.k[i], cache.v[i])
-      x, layer_new = block(x, pos, layer_cache, None if cache is None else cache.length)
+      x, layer_new, used = block(x, pos, layer_cache, None if cache is None else cache.length,
+                                 None if routing is None else routing[:, :, i])
       if layer_new is not None:
         new_k.append(layer_new[0])
         new_v.append(layer_new[1])
+      if used is not None:
+        experts.append(used)
     x = self.final_norm(x)
+    experts = jnp.stack(experts, axis=2) if experts else None
     if cache is None:
-      return x, None
-    return x, cache.replace(k=jnp.stack(new_k), v=jnp.stack(new_v))
+      return x, None, experts
+    return x, cache.replace(k=jnp.stack(new_k), v=jnp.stack(new_v)), experts
 
 
 def create(config: TransformerConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State]:
@@ -331,9 +476,20 @@ def create(config: TransformerConfig, seed: int) -> tuple[nnx.GraphDef, nnx.Stat
 
 
 def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens, pos: Positions,
-          cache: KVCache | None = None):
+          cache: KVCache | None = None, routing: jax.Array | None = None):
   """Functional forward: merges the module for this call only (pure under jit)."""
-  return nnx.merge(graphdef, params)(tokens, pos, cache)
+  return nnx.merge(graphdef, params)(tokens, pos, cache, routing)
+
+
+def apply_with_routing(graphdef: nnx.GraphDef, params: nnx.State, tokens, pos: Positions,
+                       cache: KVCache | None = None, routing: jax.Array | None = None):
+  """Like `apply`, also returning the experts used, [B, T, layers, k] (None for a dense model).
+
+  The sampler records these per token; the learner passes them back as `routing` (replay).
+  """
+  model = nnx.merge(graphdef, params)
+  x, cache, experts = model.features_and_routing(tokens, pos, cache, routing)
+  return model.head_out(x), cache, experts
 
 
 def positions_from_turns(turn_of_token: jax.Array) -> Positions:
