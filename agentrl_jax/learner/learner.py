@@ -28,8 +28,11 @@ from agentrl_jax.learner import metrics as metrics_lib
 from agentrl_jax.learner import pipeline
 from agentrl_jax.learner import preemption
 from agentrl_jax.learner import step as step_lib
+from agentrl_jax.models import hf
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer
+from agentrl_jax.parallel import mesh as mesh_lib
+from agentrl_jax.parallel import rules as rules_lib
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
 from agentrl_jax.viewer import report as viewer_report
@@ -124,7 +127,9 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
           reward_shapers: Sequence[pipeline.RewardShaper] = (),
           corrections: Sequence[pipeline.Correction] = (),
           viewer: viewer_report.ViewerConfig | None = None,
-          tokenizer_path: str | None = None) -> TrainSummary:
+          tokenizer_path: str | None = None,
+          init_from: str | None = None,
+          mesh: mesh_lib.MeshConfig | None = None) -> TrainSummary:
   """Trains a policy on one environment and returns the summary.
 
   Args:
@@ -138,10 +143,14 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     corrections: advantage corrections applied after the estimator, in order.
     viewer: write an HTML credit report of the iteration's batch at every evaluation, or None.
     tokenizer_path: a SentencePiece model; default: the one shipped with the package.
+    init_from: a Hugging Face checkpoint directory (Qwen2/Llama) to start the policy from; its
+      config.json gives the architecture (a `model` binding, if any, must agree with it).
+    mesh: run the learner on a device mesh with these axis sizes (None: one device).
   """
   try:
     tok, make_env, model, rollout, advantage_fn = _resolve(
-        config, model, rollout, loss, reward_shapers, corrections, tokenizer_path)
+        config, model, rollout, loss, reward_shapers, corrections, tokenizer_path, init_from)
+    device_mesh = mesh_lib.make_mesh(mesh) if mesh is not None else None
   except (ValueError, TypeError, FileNotFoundError) as e:
     raise config_errors.ConfigError(f"{type(e).__name__}: {e}") from e
   os.makedirs(workdir, exist_ok=True)
@@ -151,7 +160,16 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     own = {} if config.use_critic else {f"run: {config.estimator}": advantage_fn}
     viewer_pipelines = viewer_report.make_pipelines(viewer, extra=own)
 
-  policy_graphdef, policy_params = transformer.create(model, config.seed)
+  rules = rules_lib.logical_rules("train")
+  if init_from:
+    shardings = (None if device_mesh is None else
+                 functools.partial(rules_lib.param_shardings, mesh=device_mesh, rules=rules))
+    try:
+      _, policy_graphdef, policy_params = hf.load(init_from, shardings=shardings, expect=model)
+    except ValueError as e:
+      raise config_errors.ConfigError(f"learner.train.init_from: {e}") from e
+  else:
+    policy_graphdef, policy_params = transformer.create(model, config.seed)
   critic_graphdef = critic_params = None
   if config.use_critic:
     critic_cfg = dataclasses.replace(critic_model or model, vocab_size=tok.vocab_size, head="value")
@@ -165,6 +183,11 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
       critic_params=critic_params,
       critic_opt_state=critic_opt.init(critic_params) if config.use_critic else None,
       ref_params=policy_params if loss.kl_coef > 0 else None)
+  if device_mesh is not None:
+    state = rules_lib.shard_state(state, device_mesh, rules)
+    param_shardings = rules_lib.param_shardings(state.policy_params, device_mesh, rules)
+    print(rules_lib.sharding_table(state.policy_params, param_shardings), flush=True)
+    rules_lib.check_sufficiently_sharded(state.policy_params, param_shardings, device_mesh)
 
   allowed = sampler_lib.vocabulary_mask(model.vocab_size, rollout.sampling.allowed_token_ids)
   temperature = rollout.sampling.temperature or 1.0
@@ -183,10 +206,14 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   writer = metrics_lib.MetricsWriter(workdir, process_index=jax.process_index())
   extra: dict[str, Any] = {"iteration": 0, "warm_start_done": False, "success_before": None,
                            "success_after_warm_start": None}
+  # Methods that keep memory across iterations (PEARL) checkpoint it in `extra`.
+  stateful = [f for f in (*reward_shapers, *corrections) if hasattr(f, "state_dict")]
   resumed_from = ckpt.latest_step()
   if resumed_from is not None:
     state, extra = ckpt.restore(target=state)
     resumed_from = ckpt.restored_step
+    for method, saved in zip(stateful, extra.get("credit_state", [])):
+      method.load_state_dict(saved)
     print(f"Resuming from the checkpoint at iteration {extra['iteration']} in {ckpt.directory}", flush=True)
   base_key = jax.random.key(config.seed)
 
@@ -226,7 +253,8 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
                                    params=state.policy_params,
                                    rng=jax.random.fold_in(base_key, iteration))
       metrics = _iteration_metrics(traj, stats)
-      state, update_metrics = update(state, _to_device(traj))
+      batch = _to_device(traj) if device_mesh is None else rules_lib.shard_batch(traj, device_mesh)
+      state, update_metrics = update(state, batch)
       metrics.update({k: float(v) for k, v in jax.device_get(update_metrics).items()})
       metrics["time/iteration_s"] = time.perf_counter() - start
       if iteration == extra["iteration"]:
@@ -247,6 +275,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
                              "loss": metrics.get("loss/policy", float("nan"))})
       preempted = stop.agreed() and done < config.num_iterations
       if done % config.checkpoint_every == 0 or done == config.num_iterations or preempted:
+        extra["credit_state"] = [_json_state(m.state_dict()) for m in stateful]
         ckpt.save(done, state, extra)
       if preempted:
         print(f"Stopped at iteration {done}; checkpoint saved. Run the same command to resume.",
@@ -266,8 +295,13 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   return summary
 
 
+def _json_state(state: dict[str, Any]) -> dict[str, Any]:
+  return {k: v.tolist() if hasattr(v, "tolist") else v for k, v in state.items()}
+
+
 def _resolve(config: configs.TrainConfig, model, rollout: loop_lib.RolloutConfig,
-             loss: step_lib.LossConfig, reward_shapers, corrections, tokenizer_path):
+             loss: step_lib.LossConfig, reward_shapers, corrections, tokenizer_path,
+             init_from=None):
   """Checks the configs against each other and the env/tokenizer; nothing is computed yet."""
   tok = tokenizer_lib.load_tokenizer(tokenizer_path)
   make_env = functools.partial(registry.make, config.env_name, **config.env_kwargs)
@@ -278,6 +312,17 @@ def _resolve(config: configs.TrainConfig, model, rollout: loop_lib.RolloutConfig
   if config.batch_size % loss.num_minibatches:
     raise ValueError(f"TrainConfig batch of {config.batch_size} episodes is not divisible into "
                      f"LossConfig.num_minibatches={loss.num_minibatches}")
+  if init_from:
+    checkpoint_model, _ = hf.load_config(init_from)
+    if model is not None:
+      diffs = hf.architecture_diff(checkpoint_model, dataclasses.replace(model, vocab_size=tok.vocab_size))
+      if diffs:
+        raise ValueError(f"learner.train.init_from={init_from!r}: config.json differs from the "
+                         "configured model: " + "; ".join(diffs))
+    if checkpoint_model.vocab_size != tok.vocab_size:
+      raise ValueError(f"learner.train.init_from={init_from!r}: vocab_size "
+                       f"{checkpoint_model.vocab_size} differs from the tokenizer's {tok.vocab_size}")
+    model = checkpoint_model
   model = dataclasses.replace(model or transformer.tiny(tok.vocab_size), vocab_size=tok.vocab_size)
   if config.restrict_to_action_words:
     rollout = dataclasses.replace(rollout, sampling=_restricted_sampling(rollout.sampling, probe_env, tok))

@@ -116,13 +116,22 @@ def noisy_expert(noise: float) -> ScriptedActor:
 _CONTRACT_INFO_KEYS = frozenset({"action_valid", "success", "sub_outcomes"})
 
 
-def _record_step_info(traj: types.Trajectories, info: dict, row: int, turn: int) -> None:
+def _scalar_info(info: dict, prefix: str = ""):
+  """(key, float) for every bool/number in `info`; nested dicts flatten to 'outer.inner'."""
   for key, value in info.items():
-    if key in _CONTRACT_INFO_KEYS or isinstance(value, str) or not np.isscalar(value):
+    if not prefix and key in _CONTRACT_INFO_KEYS:
       continue
+    if isinstance(value, dict):
+      yield from _scalar_info(value, f"{prefix}{key}.")
+    elif not isinstance(value, str) and np.isscalar(value):
+      yield f"{prefix}{key}", float(value)
+
+
+def _record_step_info(traj: types.Trajectories, info: dict, row: int, turn: int) -> None:
+  for key, value in _scalar_info(info):
     if key not in traj.extras:
       traj.extras[key] = np.zeros(traj.reward.shape, np.float32)
-    traj.extras[key][row, turn] = float(value)
+    traj.extras[key][row, turn] = value
 
 
 def trim_tokens(traj: types.Trajectories, length: int) -> types.Trajectories:
@@ -184,8 +193,10 @@ class RolloutRunner:
     traj.group_id[:] = np.asarray(group_ids, np.int32)
     stats = RolloutStats(episodes=b)
     observations: list[str | None] = [None] * b
+    traj.extras["initial_obs_hash"] = np.zeros((b,), np.int32)
     for i, (env, seed) in enumerate(zip(envs, seeds)):
       observations[i] = env.reset(int(seed))
+      traj.extras["initial_obs_hash"][i] = envs_base.observation_hash(observations[i])
     active = np.ones(b, bool)
     cursor = np.zeros(b, np.int32)
     cache = None
