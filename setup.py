@@ -54,8 +54,9 @@ _EXTRAS = {
     # TextWorld engines: heavy (spaCy, jericho) and, for TextWorld-Express, Java on PATH. Their
     # tests skip with a reason where these are absent.
     "envs": _LIGHT_ENVS + ["textworld==1.7.0", "textworld-express==1.1.0"],
-    # torch is pinned: an unpinned torch resolves to a multi-GB CUDA build, and hf.py only needs
-    # it to read checkpoints that safetensors alone cannot.
+    # models/hf.py reads and writes safetensors itself; transformers and torch serve the logit
+    # parity tests and bench/models.py, tokenizers the tokenizer.json path. torch is pinned: an
+    # unpinned torch resolves to a multi-GB CUDA build.
     "hf": ["transformers", "safetensors", "tokenizers", "torch==2.13.0"],
     "tpu": ["jax[tpu]>=0.10"],
     "notebooks": ["jupytext>=1.19", "matplotlib>=3.11", "nbclient>=0.11", "ipykernel>=7.4",
