@@ -106,6 +106,8 @@ class Checkpointer:
     if max_to_keep is not None:
       config = dataclasses.replace(config, max_to_keep=max_to_keep)
     self._workdir = os.fspath(workdir)
+    if "://" not in self._workdir:  # orbax wants absolute local paths; gs:// stays as given
+      self._workdir = os.path.abspath(self._workdir)
     self._directory = os.path.join(self._workdir, CHECKPOINT_DIR)
     self._quarantine_count = 0
     self._restored_step: int | None = None

@@ -104,6 +104,8 @@ class EvalConfig:
     num_tasks: held-out tasks for greedy success.
     pass_k, pass_k_tasks: sampled attempts per task, and how many tasks, for pass@k (0 = off).
     seed_offset: first held-out seed; training seeds stay below it.
+    env_kwargs: constructor arguments that override TrainConfig.env_kwargs for evaluation only
+      (e.g. {'fold': 'dev'} where an engine keeps its own held-out games).
   """
 
   every: int = 50
@@ -111,6 +113,7 @@ class EvalConfig:
   pass_k: int = 4
   pass_k_tasks: int = 32
   seed_offset: int = 1_000_000_000
+  env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     if self.every < 1 or self.num_tasks < 1 or self.pass_k < 0 or self.pass_k_tasks < 0:

@@ -199,8 +199,10 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   greedy_runner = loop_lib.RolloutRunner(
       policy_graphdef, model, tok,
       dataclasses.replace(rollout, sampling=dataclasses.replace(rollout.sampling, temperature=0.0)))
+  make_eval_env = functools.partial(registry.make, config.env_name,
+                                    **{**config.env_kwargs, **evaluation.env_kwargs})
   run_eval = functools.partial(evaluate_lib.evaluate, greedy=greedy_runner, sampled=runner,
-                               make_env=make_env, config=evaluation)
+                               make_env=make_eval_env, config=evaluation)
 
   ckpt = checkpoint_lib.Checkpointer(workdir)
   writer = metrics_lib.MetricsWriter(workdir, process_index=jax.process_index())

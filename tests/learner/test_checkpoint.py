@@ -323,3 +323,14 @@ def test_two_processes_save_restore_and_fall_back_together(tmp_path):
   # Host state is written once, by process 0; the damaged step was moved aside once.
   assert (tmp_path / "work" / "checkpoints" / "1" / "extra" / "metadata").exists()
   assert len(os.listdir(tmp_path / "work" / checkpoint.QUARANTINE_DIR)) == 1
+
+
+def test_relative_workdir_saves_and_restores(tmp_path, monkeypatch):
+  """The quickstart's default workdir is relative (runs/quickstart); orbax needs absolute paths."""
+  monkeypatch.chdir(tmp_path)
+  ckpt = checkpoint.Checkpointer("runs/relative")
+  state = {"w": jnp.arange(4.0)}
+  ckpt.save(1, state, {"iteration": 1})
+  restored = checkpoint.Checkpointer("runs/relative").restore(target=state)
+  np.testing.assert_array_equal(restored.state["w"], state["w"])
+  assert restored.extra == {"iteration": 1}
