@@ -106,17 +106,21 @@ def _initialize_distributed() -> None:
 
 
 def _entry_point(learner):
-  """`learner.run` when a gin file binds it (another training loop), else `learner.train`.
+  """`learner.run` when the config binds `learner.run.entry` (another training loop), else
+  `learner.train`.
 
-  With dynamic registration the bindings live on gin's wrapper, not on the module's function,
-  and only functions a config mentions are registered.
+  With dynamic registration the bindings live on gin's wrapper, not on the module's function.
+  A registration outlives `gin.clear_config()`, so the binding itself is what decides.
   """
-  for fn in (learner.run, learner.train):
-    try:
-      return gin.get_configurable(fn)
-    except ValueError:
-      continue
-  return learner.train
+  try:
+    gin.query_parameter(f"{learner.__name__}.run.entry")
+    return gin.get_configurable(learner.run)
+  except ValueError:
+    pass
+  try:
+    return gin.get_configurable(learner.train)
+  except ValueError:  # no config mentions train: its defaults
+    return learner.train
 
 
 def _is_configuration_error(error: Exception) -> bool:
