@@ -284,14 +284,15 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
               flush=True)
         break
   progress.close()
-  if not last_eval:
+  if not last_eval and not preempted:  # a preempted host has seconds left: no extra evaluation
     last_eval = evaluate_now(state.policy_params, 2 + extra["iteration"])
   writer.close()
   summary = TrainSummary(
       iterations=extra["iteration"], resumed_from=resumed_from,
       success_before=extra["success_before"],
       success_after_warm_start=extra["success_after_warm_start"],
-      success_after=last_eval["eval/greedy_success"], final_metrics={**metrics, **last_eval},
+      success_after=last_eval.get("eval/greedy_success", float("nan")),
+      final_metrics={**metrics, **last_eval},
       preempted=preempted)
   _print_summary(summary, evaluation)
   return summary
@@ -358,6 +359,8 @@ def _warm_start(state, graphdef, tok, rollout, warm_start, config, make_env, all
 
 
 def _print_summary(summary: TrainSummary, evaluation: configs.EvalConfig) -> None:
+  if summary.preempted:
+    return  # the stop message already said where the run stands
   lines = [f"Done: {summary.iterations} iterations"
            + (f" (resumed from checkpoint {summary.resumed_from})" if summary.resumed_from is not None else "")]
   if summary.success_before is not None:
