@@ -203,6 +203,12 @@ def invalid_action_message(action: Any, action_words: tuple[str, ...]) -> str:
   return f"invalid action '{text}': use {valid}"
 
 
+def quote_action(text: Any, max_chars: int) -> str:
+  """`text` on one line, cut to `max_chars` characters with "..." when longer (for feedback)."""
+  text = " ".join(str(text).split())
+  return text if len(text) <= max_chars else text[:max_chars] + "..."
+
+
 def _or_list(words: tuple[str, ...]) -> str:
   if len(words) == 1:
     return words[0]

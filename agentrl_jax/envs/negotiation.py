@@ -254,5 +254,4 @@ def _parse(action: Any) -> tuple[str, Any] | str:
 
 
 def _quote(text: str) -> str:
-  text = " ".join(text.split())
-  return text if len(text) <= _QUOTE_CHARS else text[:_QUOTE_CHARS] + "..."
+  return base.quote_action(text, _QUOTE_CHARS)

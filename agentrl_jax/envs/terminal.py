@@ -443,8 +443,7 @@ def _split_redirect(argv: list[str]) -> tuple[list[str], tuple[str, str] | None]
 
 
 def _quote(text: str) -> str:
-  text = " ".join(str(text).split())
-  return text if len(text) <= _QUOTE_CHARS else text[:_QUOTE_CHARS] + "..."
+  return base.quote_action(text, _QUOTE_CHARS)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -273,5 +273,4 @@ def _malformed_reason(action: Any) -> str | None:
 
 
 def _quote(text: str) -> str:
-  text = " ".join(text.split())
-  return text if len(text) <= _QUOTE_CHARS else text[:_QUOTE_CHARS] + "..."
+  return base.quote_action(text, _QUOTE_CHARS)

@@ -271,5 +271,4 @@ class CustomerService(base.TextEnv):
 
 
 def _quote(text: str) -> str:
-  text = " ".join(text.split())
-  return text if len(text) <= _MAX_QUOTED_CHARS else text[:_MAX_QUOTED_CHARS] + "..."
+  return base.quote_action(text, _MAX_QUOTED_CHARS)
