@@ -178,8 +178,18 @@ def bench_groups(num_trajectories, num_groups, repeats, seed=0):
   loop_rloo_time = time.perf_counter() - start
   np.testing.assert_allclose(loop_rloo, numpy_rloo(s64, gid, num_groups), atol=1e-4)
 
+  # The rollout's own layout: each group's members side by side, equal in number.
+  order = np.argsort(gid, kind="stable")
+  group_size = num_trajectories // num_groups
+  s_sorted = jax.device_put(scores[order])
+  contiguous = jax.jit(functools.partial(group.contiguous_group_relative_advantages,
+                                         group_size=group_size))
+  np.testing.assert_allclose(np.asarray(contiguous(s_sorted)), want[order], atol=1e-4)
+
   rows = [
       ("GRPO ours: segment_sum (jit)", best_time(lambda: grpo(s, g), repeats=repeats)),
+      ("GRPO ours: contiguous groups (jit)", best_time(lambda: contiguous(s_sorted),
+                                                      repeats=repeats)),
       ("GRPO NumPy bincount",
        best_time(lambda: numpy_grpo(s64, gid, num_groups), repeats=repeats)),
       ("GRPO Python dict loop", loop_grpo_time),

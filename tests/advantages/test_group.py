@@ -189,3 +189,21 @@ class TestVarianceFilter:
       group.variance_filter(self.scores, self.gid, keep_ratio=0.0)
     with pytest.raises(ValueError, match="mode"):
       group.variance_filter(self.scores, self.gid, mode="var")
+
+
+def test_contiguous_groups_match_segment_version():
+  # Hand case: one group [1, 3] → mean 2, unbiased std sqrt(2) → A = ∓1/1.41421 = ∓0.70711.
+  np.testing.assert_allclose(
+      group.contiguous_group_relative_advantages(jnp.asarray([1.0, 3.0]), 2), [-0.70711, 0.70711],
+      atol=1e-5)
+  rng = np.random.default_rng(0)
+  for n in (1, 2, 5):
+    scores = rng.standard_normal(6 * n).astype(np.float32)
+    gid = np.arange(6 * n) // n
+    for normalize in (True, False):
+      want = group.group_relative_advantages(scores, gid, 6, normalize_by_std=normalize)
+      got = jax.jit(group.contiguous_group_relative_advantages, static_argnums=(1, 2))(
+          jnp.asarray(scores), n, normalize)
+      np.testing.assert_allclose(got, want, atol=1e-5)
+  with pytest.raises(ValueError, match="groups of 4"):
+    group.contiguous_group_relative_advantages(jnp.zeros(6), 4)
