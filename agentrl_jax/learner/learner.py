@@ -151,6 +151,12 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     tok, make_env, model, rollout, advantage_fn = _resolve(
         config, model, rollout, loss, reward_shapers, corrections, tokenizer_path, init_from)
     device_mesh = mesh_lib.make_mesh(mesh) if mesh is not None else None
+    if device_mesh is not None:
+      batch_shards = device_mesh.shape["data"] * device_mesh.shape["fsdp"]
+      if (config.batch_size // loss.num_minibatches) % batch_shards:
+        raise ValueError(
+            f"a minibatch of {config.batch_size // loss.num_minibatches} episodes does not split "
+            f"over the mesh's data x fsdp = {batch_shards} batch shards")
   except (ValueError, TypeError, FileNotFoundError) as e:
     raise config_errors.ConfigError(f"{type(e).__name__}: {e}") from e
   os.makedirs(workdir, exist_ok=True)

@@ -106,3 +106,37 @@ def test_loss_config_rejects_bad_values():
     step_lib.LossConfig(dual_clip=0.5)
   with pytest.raises(ValueError, match="max_len_norm"):
     step_lib.LossConfig(agg_mode="seq-mean-token-sum-norm")
+
+
+def test_nan_advantages_skip_the_step():
+  state, _ = _state_and_update()
+  grpo = functools.partial(estimators.get_estimator("grpo"), num_groups=B)
+
+  def poisoned(traj, values):
+    out = grpo(traj, values)
+    return out._replace(advantages=out.advantages.at[0, 3].set(jnp.nan))
+
+  cfg = tfm.tiny(V, d_model=16, num_heads=2, mlp_dim=32)
+  graphdef, _ = tfm.create(cfg, seed=0)
+  update = step_lib.make_update_fn(
+      policy_graphdef=graphdef, critic_graphdef=None, policy_optimizer=optax.adam(1e-2),
+      critic_optimizer=None, advantage_fn=poisoned, loss=step_lib.LossConfig(), allowed=None,
+      max_actions=4)
+  before = _leaves(state.policy_params)
+  state, metrics = update(state, _traj([1.0, 0.0, 1.0, 0.0]))
+  assert float(metrics["loss/skipped_nonfinite"]) == 1
+  for a, b in zip(before, _leaves(state.policy_params)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_nan_logits_skip_the_step():
+  """A NaN in the LM head's input (the embedding) makes the logits NaN: the step is skipped."""
+  state, update = _state_and_update()
+  params = jax.tree.map(lambda x: x, state.policy_params)
+  params["embed"].value = params["embed"].value.at[0, 0].set(jnp.nan)
+  state = state.replace(policy_params=params)
+  before = _leaves(state.policy_params)
+  state, metrics = update(state, _traj([1.0, 0.0, 1.0, 0.0]))
+  assert float(metrics["loss/skipped_nonfinite"]) == 1
+  for a, b in zip(before, _leaves(state.policy_params)):
+    np.testing.assert_array_equal(a, b)
