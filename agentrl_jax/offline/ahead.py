@@ -373,12 +373,5 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     if done % config.checkpoint_every == 0 or done == config.num_iterations:
       ckpt.save(done, state, extra)
   progress.close()
-  if "eval/greedy_success" not in metrics:
-    metrics.update(common.evaluate(setup, state.policy_params, evaluation,
-                                   jax.random.fold_in(base_key, extra["iteration"])))
-  writer.close()
-  summary = common.Summary(method="ahead", iterations=extra["iteration"],
-                           success_before=before["eval/greedy_success"],
-                           success_after=metrics["eval/greedy_success"], final_metrics=metrics)
-  common.print_summary(summary, evaluation)
-  return summary
+  return common.finish("ahead", setup, state.policy_params, metrics, before, extra["iteration"],
+                       evaluation, base_key, writer)

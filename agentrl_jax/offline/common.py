@@ -157,3 +157,17 @@ def print_summary(summary: Summary, evaluation: configs.EvalConfig) -> None:
   print(f"Done: {summary.method}, {summary.iterations} iterations\n"
         f"  held-out greedy success before: {summary.success_before:.3f}\n"
         f"  after: {summary.success_after:.3f}  ({evaluation.num_tasks} held-out tasks)", flush=True)
+
+
+def finish(method: str, setup: Setup, params, metrics: dict[str, float], before: dict[str, float],
+           iterations: int, evaluation: configs.EvalConfig, base_key: jax.Array,
+           writer) -> Summary:
+  """Evaluates once more if the last iteration did not, closes the writer, prints the summary."""
+  if "eval/greedy_success" not in metrics:
+    metrics.update(evaluate(setup, params, evaluation, jax.random.fold_in(base_key, iterations)))
+  writer.close()
+  summary = Summary(method=method, iterations=iterations,
+                    success_before=before["eval/greedy_success"],
+                    success_after=metrics["eval/greedy_success"], final_metrics=metrics)
+  print_summary(summary, evaluation)
+  return summary

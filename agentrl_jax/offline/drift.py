@@ -132,7 +132,8 @@ def collect_offline(setup: common.Setup, params, config: configs.TrainConfig, dr
     else:
       traj, _ = setup.runner.collect(envs, seeds, groups, params=params,
                                      rng=jax.random.fold_in(jax.random.key(config.seed), part))
-    store.write(traj, seeds=seeds, policy_version=0, part=part)
+    # The rollout's extras (e.g. initial_obs_hash) are derived data the store does not keep.
+    store.write(traj.replace(extras={}), seeds=seeds, policy_version=0, part=part)
 
 
 def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
@@ -203,12 +204,5 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
       ckpt.save(done, state.replace(policy_params=params, policy_opt_state=opt_state,
                                     step=jnp.asarray(done, jnp.int32)), extra)
   progress.close()
-  if "eval/greedy_success" not in metrics:
-    metrics.update(common.evaluate(setup, params, evaluation,
-                                   jax.random.fold_in(base_key, extra["iteration"])))
-  writer.close()
-  summary = common.Summary(method="drift", iterations=extra["iteration"],
-                           success_before=before["eval/greedy_success"],
-                           success_after=metrics["eval/greedy_success"], final_metrics=metrics)
-  common.print_summary(summary, evaluation)
-  return summary
+  return common.finish("drift", setup, params, metrics, before, extra["iteration"],
+                       evaluation, base_key, writer)

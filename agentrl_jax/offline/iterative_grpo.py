@@ -281,15 +281,8 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     if done % config.checkpoint_every == 0 or done == config.num_iterations:
       ckpt.save(done, state, extra)
   progress.close()
-  if "eval/greedy_success" not in metrics:
-    metrics.update(common.evaluate(setup, state.policy_params, evaluation,
-                                   jax.random.fold_in(base_key, extra["iteration"])))
-  writer.close()
-  summary = common.Summary(method="iterative_grpo", iterations=extra["iteration"],
-                           success_before=before["eval/greedy_success"],
-                           success_after=metrics["eval/greedy_success"], final_metrics=metrics)
-  common.print_summary(summary, evaluation)
-  return summary
+  return common.finish("iterative_grpo", setup, state.policy_params, metrics, before, extra["iteration"],
+                       evaluation, base_key, writer)
 
 
 def _deploy(setup, params, config, store, k, key):
@@ -297,7 +290,8 @@ def _deploy(setup, params, config, store, k, key):
   if 0 not in store.parts(k):
     seeds, groups = common.task_batch(config, k)
     traj, _, _ = common.collect(setup, params, seeds, groups, key)
-    store.write(traj, seeds=seeds, policy_version=k)
+    # The rollout's extras (e.g. initial_obs_hash) are derived data the store does not keep.
+    store.write(traj.replace(extras={}), seeds=seeds, policy_version=k)
   data, _ = store.read(k, part=0)
   return data, {"train/success": float(np.mean(data.success)),
                 "train/outcome": float(np.mean(data.outcome))}
