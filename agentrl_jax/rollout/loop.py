@@ -172,7 +172,8 @@ class RolloutRunner:
   def collect(self, envs: Sequence[envs_base.TextEnv], seeds: Sequence[int],
               group_ids: Sequence[int], *, params=None, rng: jax.Array | None = None,
               actor: ScriptedActor | None = None,
-              actor_rng: np.random.Generator | None = None) -> tuple[types.Trajectories, RolloutStats]:
+              actor_rng: np.random.Generator | Sequence[np.random.Generator] | None = None,
+              row_ids: Sequence[int] | None = None) -> tuple[types.Trajectories, RolloutStats]:
     """Plays one episode per env and returns them as a batch.
 
     Args:
@@ -180,7 +181,10 @@ class RolloutRunner:
       seeds: B episode seeds.
       group_ids: B group ids in [0, B) (same task and seed => same group).
       params, rng: the policy parameters and sampling key (policy rollout).
-      actor, actor_rng: a scripted actor instead of the policy (demonstrations).
+      actor, actor_rng: a scripted actor instead of the policy (demonstrations); `actor_rng` is
+        one generator for all rows or one per row.
+      row_ids: B global row ids that seed each row's sampling (default 0..B-1). A host that plays
+        rows 64..127 of a global batch passes those ids and samples what one host would.
     """
     if (params is None) == (actor is None):
       raise ValueError("collect: pass exactly one of `params` (policy) or `actor` (scripted)")
@@ -199,6 +203,9 @@ class RolloutRunner:
       traj.extras["initial_obs_hash"][i] = envs_base.observation_hash(observations[i])
     active = np.ones(b, bool)
     cursor = np.zeros(b, np.int32)
+    row_ids = np.arange(b, dtype=np.int32) if row_ids is None else np.asarray(row_ids, np.int32)
+    if row_ids.shape != (b,):
+      raise ValueError(f"collect: {b} envs but row_ids has shape {row_ids.shape}")
     cache = None
     if actor is None:
       cache = transformer.init_cache(self.model_config, b, cfg.cache_capacity)
@@ -208,7 +215,7 @@ class RolloutRunner:
         break
       if actor is None:
         actions, cache = self._policy_actions(params, cache, chunks, active, turn,
-                                              jax.random.fold_in(rng, turn))
+                                              jax.random.fold_in(rng, turn), row_ids)
       else:
         actions = self._scripted_actions(envs, actor, actor_rng, active)
       self._write_actions(traj, actions, active, cursor, turn, stats)
@@ -239,14 +246,14 @@ class RolloutRunner:
       chunks[i] = ids
     return chunks
 
-  def _policy_actions(self, params, cache, chunks, active, turn, key):
+  def _policy_actions(self, params, cache, chunks, active, turn, key, row_ids):
     width = _bucket(max(len(c) for c in chunks), self.config.obs_buckets)
     obs = np.zeros((len(chunks), width), np.int32)
     obs_len = np.zeros((len(chunks),), np.int32)
     for i, ids in enumerate(chunks):
       obs[i, :len(ids)] = ids
       obs_len[i] = len(ids)
-    out = self._sample_turn(params, cache, obs, obs_len, active, np.int32(turn), key)
+    out = self._sample_turn(params, cache, obs, obs_len, active, np.int32(turn), key, row_ids)
     tokens, logprobs, num = jax.device_get((out.tokens, out.logprobs, out.num_tokens))
     actions = [(list(tokens[i, :num[i]]), list(logprobs[i, :num[i]])) for i in range(len(chunks))]
     return actions, out.cache
@@ -257,7 +264,8 @@ class RolloutRunner:
     stop = list(sampling.stop_token_ids[:1])
     actions = [([], []) for _ in envs]
     for i in np.flatnonzero(active):
-      ids = self.tokenizer.encode(actor(envs[i], actor_rng))[:sampling.max_action_tokens - len(stop)]
+      rng = actor_rng if isinstance(actor_rng, np.random.Generator) else actor_rng[i]
+      ids = self.tokenizer.encode(actor(envs[i], rng))[:sampling.max_action_tokens - len(stop)]
       ids = ids + stop
       actions[i] = (ids, [0.0] * len(ids))
     return actions

@@ -80,18 +80,29 @@ class TurnSample(NamedTuple):
   cache: transformer.KVCache
 
 
-def _draw(key, logp: jax.Array, config: SamplingConfig) -> jax.Array:
+def _draw(keys: jax.Array, logp: jax.Array, config: SamplingConfig) -> jax.Array:
+  """One token per row; row i draws with keys[i] only, so its draw never depends on the batch."""
   if config.temperature == 0:
     return jnp.argmax(logp, axis=-1).astype(jnp.int32)
   if config.top_k:
     kth = jax.lax.top_k(logp, config.top_k)[0][..., -1:]
     logp = jnp.where(logp < kth, -1e30, logp)
-  return jax.random.categorical(key, logp, axis=-1).astype(jnp.int32)
+  return jax.vmap(jax.random.categorical)(keys, logp).astype(jnp.int32)
+
+
+def row_keys(rng: jax.Array, row_ids: jax.Array) -> jax.Array:
+  """[B] keys, one per trajectory, from its global row id.
+
+  A trajectory's randomness depends on its row id alone, not on the batch it is sampled in, so a
+  batch split over hosts (or shrunk to a few rows in a test) samples exactly the same tokens.
+  """
+  return jax.vmap(lambda r: jax.random.fold_in(rng, r))(row_ids)
 
 
 def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KVCache,
                 obs_tokens: jax.Array, obs_len: jax.Array, active: jax.Array, turn: jax.Array,
-                rng: jax.Array, *, config: SamplingConfig, vocab_size: int) -> TurnSample:
+                rng: jax.Array, row_ids: jax.Array | None = None, *, config: SamplingConfig,
+                vocab_size: int) -> TurnSample:
   """Prefills each row's new observation, then samples up to `max_action_tokens` action tokens.
 
   Args:
@@ -102,6 +113,7 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
     active: [B] rows still playing; inactive rows neither sample nor advance their cache.
     turn: [] int32 turn index of this chunk and its action.
     rng: key for this turn.
+    row_ids: [B] global row ids that seed each row's draws (default: 0..B-1).
     config: sampling rules (static).
     vocab_size: V (static).
   Returns:
@@ -110,6 +122,7 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
   model = nnx.merge(graphdef, params)
   allowed = vocabulary_mask(vocab_size, config.allowed_token_ids)
   b, t = obs_tokens.shape
+  keys = row_keys(rng, jnp.arange(b, dtype=jnp.int32) if row_ids is None else row_ids)
   obs_len = jnp.where(active, obs_len, 0)
   chunk_pos = transformer.Positions(
       position=cache.length[:, None] + jnp.arange(t, dtype=jnp.int32),
@@ -123,7 +136,7 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
   def decode_step(carry, step):
     cache, logits, finished, slot = carry
     logp = policy_log_probs(logits, allowed, config.temperature if config.temperature > 0 else 1.0)
-    token = _draw(jax.random.fold_in(rng, step), logp, config)
+    token = _draw(jax.vmap(lambda k: jax.random.fold_in(k, step))(keys), logp, config)
     token_logp = jnp.take_along_axis(logp, token[:, None], axis=1)[:, 0]
     emit = ~finished
     token = jnp.where(emit, token, 0)
@@ -145,8 +158,8 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
 def make_turn_sampler(graphdef: nnx.GraphDef, config: SamplingConfig, vocab_size: int):
   """Returns the jitted `sample_turn` with the static parts bound; the cache is donated."""
 
-  def fn(params, cache, obs_tokens, obs_len, active, turn, rng):
-    return sample_turn(graphdef, params, cache, obs_tokens, obs_len, active, turn, rng,
+  def fn(params, cache, obs_tokens, obs_len, active, turn, rng, row_ids=None):
+    return sample_turn(graphdef, params, cache, obs_tokens, obs_len, active, turn, rng, row_ids,
                        config=config, vocab_size=vocab_size)
 
   return jax.jit(fn, donate_argnums=(1,))

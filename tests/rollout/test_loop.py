@@ -161,3 +161,20 @@ def test_env_exception_ends_only_that_trajectory(tok, model):
   if traj.turn_mask[0].sum() >= 2:  # the episode lived long enough to hit the crash
     assert stats.env_errors == 1 and not valid[0] and traj.env_error[0, 1]
   assert valid[1:].all()
+
+
+def test_a_row_samples_the_same_tokens_whatever_batch_it_is_in(tok, model):
+  # Rows 4..5 of a 6-row batch, played alone with their global row ids, must draw exactly the
+  # tokens they drew inside the batch (what lets a batch be split over hosts).
+  runner = _runner(tok, model, sampler_lib.SamplingConfig(max_action_tokens=4))
+  full, _ = _collect(runner, model[2], n=6, key=3)
+  envs = [registry.make("frozenlake") for _ in range(2)]
+  part, _ = runner.collect(envs, [4, 5], [4, 5], params=model[2], rng=jax.random.key(3),
+                           row_ids=[4, 5])
+  width = min(full.tokens.shape[1], part.tokens.shape[1])
+  np.testing.assert_array_equal(part.tokens[:, :width], full.tokens[4:, :width])
+  np.testing.assert_allclose(part.sample_logprob[:, :width], full.sample_logprob[4:, :width], atol=1e-5)
+  # Without the ids the same two rows would be rows 0..1 and draw differently.
+  other, _ = runner.collect([registry.make("frozenlake") for _ in range(2)], [4, 5], [4, 5],
+                            params=model[2], rng=jax.random.key(3))
+  assert not np.array_equal(other.tokens[:, :width], full.tokens[4:, :width])
