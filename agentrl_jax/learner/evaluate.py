@@ -9,6 +9,7 @@ import numpy as np
 
 from agentrl_jax.envs import base as envs_base
 from agentrl_jax.learner import configs
+from agentrl_jax.parallel import multihost
 from agentrl_jax.rollout import loop as loop_lib
 
 
@@ -22,22 +23,31 @@ def evaluate(params, *, greedy: loop_lib.RolloutRunner, sampled: loop_lib.Rollou
   """Plays the held-out tasks greedily, then `pass_k` sampled attempts on the first tasks.
 
   Returns metrics under `eval/`: greedy success rate, pass@k, mean turns, invalid-action rate.
+  With several processes each plays its share of the episodes and the results are combined.
   """
   seeds = held_out_seeds(config, config.num_tasks)
-  envs = [make_env() for _ in seeds]
-  traj, stats = greedy.collect(envs, seeds, list(range(len(seeds))), params=params, rng=rng)
+  traj, stats = _play_share(greedy, make_env, seeds, list(range(len(seeds))), params, rng)
+  per_episode = multihost.gather_rows({"success": traj.success.astype(np.float32),
+                                       "turns": traj.turn_mask.sum(axis=1).astype(np.float32)})
+  counts = multihost.gather_rows(np.asarray([[stats.invalid_actions, stats.turns]])).sum(axis=0)
   metrics = {
-      "eval/greedy_success": float(np.mean(traj.success)),
-      "eval/mean_turns": float(np.mean(traj.turn_mask.sum(axis=1))),
-      "eval/invalid_action_rate": stats.invalid_actions / max(stats.turns, 1),
+      "eval/greedy_success": float(np.mean(per_episode["success"])),
+      "eval/mean_turns": float(np.mean(per_episode["turns"])),
+      "eval/invalid_action_rate": float(counts[0] / max(counts[1], 1)),
   }
   if config.pass_k and config.pass_k_tasks:
     tasks = seeds[:config.pass_k_tasks]
     attempt_seeds = [s for s in tasks for _ in range(config.pass_k)]
     groups = [i for i in range(len(tasks)) for _ in range(config.pass_k)]
-    envs = [make_env() for _ in attempt_seeds]
-    traj, _ = sampled.collect(envs, attempt_seeds, groups, params=params,
-                              rng=jax.random.fold_in(rng, 1))
-    solved = np.asarray(traj.success).reshape(len(tasks), config.pass_k).any(axis=1)
+    traj, _ = _play_share(sampled, make_env, attempt_seeds, groups, params, jax.random.fold_in(rng, 1))
+    success = multihost.gather_rows(traj.success)
+    solved = np.asarray(success).reshape(len(tasks), config.pass_k).any(axis=1)
     metrics[f"eval/pass@{config.pass_k}"] = float(np.mean(solved))
   return metrics
+
+
+def _play_share(runner: loop_lib.RolloutRunner, make_env, seeds, groups, params, rng):
+  """This process's contiguous share of the episodes, each sampled as its global row would be."""
+  share = multihost.host_share(len(seeds))
+  return runner.collect([make_env() for _ in seeds[share]], seeds[share], groups[share],
+                        params=params, rng=rng, row_ids=list(range(share.start, share.stop)))

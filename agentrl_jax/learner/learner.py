@@ -32,6 +32,7 @@ from agentrl_jax.models import hf
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer
 from agentrl_jax.parallel import mesh as mesh_lib
+from agentrl_jax.parallel import multihost
 from agentrl_jax.parallel import rules as rules_lib
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
@@ -106,13 +107,71 @@ def _to_device(traj: types.Trajectories) -> types.Trajectories:
   return jax.tree.map(jnp.asarray, traj)
 
 
+def _pad_tokens(traj: types.Trajectories, length: int) -> types.Trajectories:
+  """Pads the token columns to `length` (the agreed length of a multi-host batch)."""
+  pad = lambda x: np.pad(x, ((0, 0), (0, length - x.shape[1])))
+  return traj.replace(tokens=pad(traj.tokens), action_mask=pad(traj.action_mask),
+                      turn_of_token=np.pad(traj.turn_of_token, ((0, 0), (0, length - traj.tokens.shape[1])),
+                                           constant_values=-1),
+                      sample_logprob=pad(traj.sample_logprob))
+
+
+def _fill_names(values: dict[str, np.ndarray], names: Sequence[str], like: np.ndarray) -> dict[str, np.ndarray]:
+  return {name: values.get(name, np.zeros_like(like)) for name in names}
+
+
+def _align_over_hosts(traj: types.Trajectories) -> types.Trajectories:
+  """Gives every host's share the same token length and the same extras/sub-outcome keys."""
+  if jax.process_count() == 1:
+    return traj
+  traj = _pad_tokens(traj, multihost.agree_max(traj.tokens.shape[1]))
+  per_turn = {k: v for k, v in traj.extras.items() if v.ndim == 2}
+  per_episode = {k: v for k, v in traj.extras.items() if v.ndim == 1}
+  extras = {**_fill_names(per_turn, multihost.agree_names(per_turn), traj.reward.astype(np.float32)),
+            **_fill_names(per_episode, multihost.agree_names(per_episode), traj.outcome.astype(np.float32))}
+  sub = _fill_names(traj.sub_outcomes, multihost.agree_names(traj.sub_outcomes),
+                    traj.outcome.astype(np.float32))
+  return traj.replace(extras=extras, sub_outcomes=sub)
+
+
+def _global_batch(traj: types.Trajectories, device_mesh) -> types.Trajectories:
+  """This host's rows -> the batch the update sees (global arrays on the mesh, if any)."""
+  if device_mesh is None:
+    return _to_device(traj)
+  if jax.process_count() == 1:
+    return rules_lib.shard_batch(traj, device_mesh)
+  return multihost.global_batch(_align_over_hosts(traj), device_mesh)
+
+
 def _iteration_metrics(traj: types.Trajectories, stats: loop_lib.RolloutStats) -> dict[str, float]:
+  """Metrics of the whole batch: every host's rows and counters are combined first."""
+  rows = multihost.gather_rows({"success": traj.success.astype(np.float32),
+                                "outcome": traj.outcome.astype(np.float32),
+                                "turns": traj.turn_mask.sum(axis=1).astype(np.float32)})
+  counters = ("episodes", "turns", "sampled_tokens", "env_errors", "env_timeouts",
+              "invalid_actions", "truncated")
+  totals = multihost.gather_rows(np.asarray([[getattr(stats, c) for c in counters]], np.int64)).sum(0)
+  seconds = float(multihost.gather_rows(np.asarray([stats.seconds])).max())
+  combined = loop_lib.RolloutStats(**dict(zip(counters, map(int, totals))), seconds=seconds)
   return {
-      "train/success": float(np.mean(traj.success)),
-      "train/outcome": float(np.mean(traj.outcome)),
-      "train/turns": float(np.mean(traj.turn_mask.sum(axis=1))),
-      **stats.as_metrics(),
+      "train/success": float(np.mean(rows["success"])),
+      "train/outcome": float(np.mean(rows["outcome"])),
+      "train/turns": float(np.mean(rows["turns"])),
+      **combined.as_metrics(),
   }
+
+
+def _collect(runner, strategy, make_env, config: configs.TrainConfig, iteration: int, params,
+             key) -> tuple[types.Trajectories, loop_lib.RolloutStats]:
+  """This host's share of the iteration's episodes, each sampled as its global row would be."""
+  seeds, groups = _task_batch(config, iteration)
+  share = multihost.host_share(len(seeds))
+  seeds, groups = seeds[share], groups[share]
+  row_ids = list(range(share.start, share.stop))
+  envs = [make_env() for _ in seeds]
+  if strategy is None:
+    return runner.collect(envs, seeds, groups, params=params, rng=key, row_ids=row_ids)
+  return strategy.collect(runner, make_env, seeds, groups, params=params, rng=key, row_ids=row_ids)
 
 
 def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
@@ -129,7 +188,8 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
           viewer: viewer_report.ViewerConfig | None = None,
           tokenizer_path: str | None = None,
           init_from: str | None = None,
-          mesh: mesh_lib.MeshConfig | None = None) -> TrainSummary:
+          mesh: mesh_lib.MeshConfig | None = None,
+          strategy: Any = None) -> TrainSummary:
   """Trains a policy on one environment and returns the summary.
 
   Args:
@@ -145,12 +205,28 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     tokenizer_path: a SentencePiece model; default: the one shipped with the package.
     init_from: a Hugging Face checkpoint directory (Qwen2/Llama) to start the policy from; its
       config.json gives the architecture (a `model` binding, if any, must agree with it).
-    mesh: run the learner on a device mesh with these axis sizes (None: one device).
+    mesh: run the learner on a device mesh with these axis sizes (None: one device; several
+      processes always use a mesh, all data-parallel unless given).
+    strategy: a rollout strategy (TSR, T²PO, ARPO, ...) with
+      `collect(runner, make_env, seeds, group_ids, *, params, rng, row_ids)`; None plays each
+      episode once with the policy.
+
+  Several processes (`jax.process_count() > 1`) each play their contiguous share of the batch
+  (`multihost.host_share`) with a full local copy of the policy and join one global batch for
+  the sharded update; only process 0 writes metrics, configs and reports.
   """
   try:
     tok, make_env, model, rollout, advantage_fn = _resolve(
         config, model, rollout, loss, reward_shapers, corrections, tokenizer_path, init_from)
+    if mesh is None and jax.process_count() > 1:
+      mesh = mesh_lib.MeshConfig()
     device_mesh = mesh_lib.make_mesh(mesh) if mesh is not None else None
+    for name, count in (("TrainConfig batch", config.batch_size),
+                        ("EvalConfig.num_tasks", evaluation.num_tasks),
+                        ("WarmStartConfig.episodes_per_iteration", warm_start.episodes_per_iteration),
+                        ("EvalConfig pass@k attempts", evaluation.pass_k * evaluation.pass_k_tasks)):
+      if count % jax.process_count():
+        raise ValueError(f"{name} of {count} episodes does not split over {jax.process_count()} processes")
     if device_mesh is not None:
       batch_shards = device_mesh.shape["data"] * device_mesh.shape["fsdp"]
       if (config.batch_size // loss.num_minibatches) % batch_shards:
@@ -192,7 +268,8 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   if device_mesh is not None:
     state = rules_lib.shard_state(state, device_mesh, rules)
     param_shardings = rules_lib.param_shardings(state.policy_params, device_mesh, rules)
-    print(rules_lib.sharding_table(state.policy_params, param_shardings), flush=True)
+    if multihost.is_writer():
+      print(rules_lib.sharding_table(state.policy_params, param_shardings), flush=True)
     rules_lib.check_sufficiently_sharded(state.policy_params, param_shardings, device_mesh)
 
   allowed = sampler_lib.vocabulary_mask(model.vocab_size, rollout.sampling.allowed_token_ids)
@@ -229,7 +306,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
 
   def evaluate_now(params, tag: int) -> dict[str, float]:
     # Tags: 0 before training, 1 after the warm start, 2 + iteration during RL.
-    return run_eval(params, rng=jax.random.fold_in(eval_key, tag))
+    return run_eval(multihost.local_replica(params), rng=jax.random.fold_in(eval_key, tag))
 
   if extra["success_before"] is None:
     before = evaluate_now(state.policy_params, 0)
@@ -239,7 +316,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
 
   if warm_start.iterations and not extra["warm_start_done"]:
     state = _warm_start(state, policy_graphdef, tok, rollout, warm_start, config, make_env, allowed,
-                        temperature, model, writer)
+                        temperature, model, writer, device_mesh)
     after_ws = evaluate_now(state.policy_params, 1)
     extra["success_after_warm_start"] = after_ws["eval/greedy_success"]
     extra["warm_start_done"] = True
@@ -256,12 +333,11 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   with preemption.StopRequest() as stop:
     for iteration in range(extra["iteration"], config.num_iterations):
       start = time.perf_counter()
-      seeds, groups = _task_batch(config, iteration)
-      traj, stats = runner.collect([make_env() for _ in seeds], seeds, groups,
-                                   params=state.policy_params,
-                                   rng=jax.random.fold_in(base_key, iteration))
+      traj, stats = _collect(runner, strategy, make_env, config, iteration,
+                             multihost.local_replica(state.policy_params),
+                             jax.random.fold_in(base_key, iteration))
       metrics = _iteration_metrics(traj, stats)
-      batch = _to_device(traj) if device_mesh is None else rules_lib.shard_batch(traj, device_mesh)
+      batch = _global_batch(traj, device_mesh)
       state, update_metrics = update(state, batch)
       metrics.update({k: float(v) for k, v in jax.device_get(update_metrics).items()})
       metrics["time/iteration_s"] = time.perf_counter() - start
@@ -274,7 +350,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
         metrics.update(last_eval)
       if done % config.log_every == 0 or done == config.num_iterations:
         writer.write(done, metrics)
-      if evaluating and viewer is not None and jax.process_index() == 0:
+      if evaluating and viewer is not None and multihost.is_writer():
         viewer_report.write_report(workdir, done, traj, tok, viewer_pipelines,
                                    num_examples=viewer.num_examples, env_name=config.env_name,
                                    metrics=metrics, writer=writer)
@@ -343,21 +419,24 @@ def _resolve(config: configs.TrainConfig, model, rollout: loop_lib.RolloutConfig
 
 
 def _warm_start(state, graphdef, tok, rollout, warm_start, config, make_env, allowed, temperature,
-                model, writer):
+                model, writer, device_mesh=None):
   """Behaviour cloning on noisy scripted-expert episodes; returns the state with new policy params."""
   optimizer = optax.adam(warm_start.learning_rate)
   sft = step_lib.make_sft_fn(policy_graphdef=graphdef, optimizer=optimizer, allowed=allowed,
                              temperature=temperature, max_actions=_max_actions(rollout))
   demo_runner = loop_lib.RolloutRunner(graphdef, model, tok, rollout)
   actor = loop_lib.noisy_expert(warm_start.expert_noise)
-  actor_rng = np.random.default_rng(config.seed)
   params, opt_state = state.policy_params, optimizer.init(state.policy_params)
   n = warm_start.episodes_per_iteration
+  share = multihost.host_share(n)
   for i in range(warm_start.iterations):
-    seeds = [_WARM_START_SEED_BASE + i * n + j for j in range(n)]
-    traj, _ = demo_runner.collect([make_env() for _ in seeds], seeds, list(range(n)), actor=actor,
-                                  actor_rng=actor_rng)
-    params, opt_state, m = sft(params, opt_state, _to_device(traj))
+    rows = range(share.start, share.stop)
+    seeds = [_WARM_START_SEED_BASE + i * n + j for j in rows]
+    # One generator per demonstration, keyed by its global index: the same demos on any host count.
+    actor_rngs = [np.random.default_rng((config.seed, i, j)) for j in rows]
+    traj, _ = demo_runner.collect([make_env() for _ in seeds], seeds, list(rows), actor=actor,
+                                  actor_rng=actor_rngs)
+    params, opt_state, m = sft(params, opt_state, _global_batch(traj, device_mesh))
     if (i + 1) % 10 == 0 or i + 1 == warm_start.iterations:
       writer.write(0, {"warm_start/nll": float(m["sft/nll"]), "warm_start/iteration": i + 1})
   return state.replace(policy_params=params,

@@ -101,3 +101,53 @@ def gather_to_host(tree: Any) -> Any:
 
 def processes_of(devices: Sequence[jax.Device]) -> list[int]:
   return sorted({d.process_index for d in devices})
+
+
+def gather_rows(local: Any) -> Any:
+  """Concatenates every process's rows (a batch-major tree of host arrays) in process order.
+
+  The identity on one process. Every process gets the whole result (a collective: all must call).
+  """
+  if jax.process_count() == 1:
+    return jax.tree.map(np.asarray, local)
+  from jax.experimental import multihost_utils
+  return jax.tree.map(np.asarray, multihost_utils.process_allgather(local, tiled=True))
+
+
+def agree_max(value: int) -> int:
+  """The largest `value` over processes (e.g. the padded length every host must use)."""
+  if jax.process_count() == 1:
+    return int(value)
+  return int(np.max(gather_rows(np.asarray([value], np.int64))))
+
+
+def agree_names(names: Sequence[str]) -> list[str]:
+  """The sorted union of `names` over processes.
+
+  Hosts build their batch trees independently; a key one host never saw (an env info field
+  that none of its episodes emitted) must still exist on every host, or the global arrays
+  would not line up.
+  """
+  mine = sorted(set(names))
+  if jax.process_count() == 1:
+    return mine
+  encoded = np.frombuffer("\n".join(mine).encode(), np.uint8)
+  width = agree_max(len(encoded))
+  padded = np.zeros((1, width), np.uint8)
+  padded[0, :len(encoded)] = encoded
+  union: set[str] = set()
+  for row in gather_rows(padded):
+    text = bytes(row).rstrip(b"\0").decode()
+    union.update(name for name in text.split("\n") if name)
+  return sorted(union)
+
+
+def local_replica(tree: Any) -> Any:
+  """A full copy of a (possibly multi-host sharded) tree on this process's first device.
+
+  Each host samples its own environments with a whole policy; fine for policies that fit one
+  device (a host that cannot hold the policy needs the sampler on the global mesh instead).
+  """
+  if jax.process_count() == 1:
+    return tree
+  return jax.device_put(gather_to_host(tree), jax.local_devices()[0])
