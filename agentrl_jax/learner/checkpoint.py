@@ -24,7 +24,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import time
 import warnings
 from typing import Any, NamedTuple
@@ -33,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+
+from agentrl_jax import files
 
 PyTree = Any
 
@@ -264,8 +265,7 @@ class Checkpointer:
     warnings.warn(message, CorruptCheckpointWarning, stacklevel=3)
     logging.warning(message)
     if jax.process_index() == 0:
-      os.makedirs(os.path.dirname(destination), exist_ok=True)
-      shutil.move(self.step_path(step), destination)
+      files.move(self.step_path(step), destination)
     # Every process must see the move before any of them lists steps again.
     ocp.multihost.sync_global_processes(
         f"agentrl_checkpoint_quarantine_{step}_{self._quarantine_count}")

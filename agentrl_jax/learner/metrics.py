@@ -3,7 +3,7 @@
 `<workdir>/metrics.jsonl` is the record a notebook or test reads back (`read_metrics`);
 `<workdir>/tensorboard/` holds the same scalars for TensorBoard; `config.gin` is the config as
 parsed and `operative_config.gin` the values the run actually used (t5x). Only process 0 writes,
-so a multi-host job produces one copy.
+so a multi-host job produces one copy. The workdir may be local or on an object store (gs://).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import os
-import socket
 import sys
 import time
 from typing import IO, Any, Mapping
@@ -20,6 +19,8 @@ from typing import IO, Any, Mapping
 import gin
 import tensorboardX
 import tqdm
+
+from agentrl_jax import files
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -33,7 +34,7 @@ def write_config(workdir: str | os.PathLike[str]) -> str:
   Called before any compute: gin's operative config only lists what has been called so far.
   Written atomically, so hosts sharing a workdir never leave a torn file.
   """
-  return _write_atomically(os.path.join(os.fspath(workdir), CONFIG_FILE), gin.config_str())
+  return files.write_text(files.join(workdir, CONFIG_FILE), gin.config_str())
 
 
 def write_operative_config(workdir: str | os.PathLike[str], process_index: int = 0) -> str | None:
@@ -44,18 +45,44 @@ def write_operative_config(workdir: str | os.PathLike[str], process_index: int =
   """
   if process_index != 0:
     return None
-  path = os.path.join(os.fspath(workdir), OPERATIVE_CONFIG_FILE)
-  return _write_atomically(path, gin.operative_config_str())
+  return files.write_text(files.join(workdir, OPERATIVE_CONFIG_FILE), gin.operative_config_str())
 
 
-def _write_atomically(path: str, text: str) -> str:
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  # Host and pid in the name: hosts sharing a workdir must not write the same temporary file.
-  temporary = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
-  with open(temporary, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(temporary, path)
-  return path
+class _AppendedFile:
+  """The JSONL record on a local disk: appended and flushed line by line."""
+
+  def __init__(self, path: str):
+    _terminate_truncated_line(path)
+    self._file: IO[str] | None = open(path, "a", encoding="utf-8")
+
+  def append(self, line: str) -> None:
+    self._file.write(line + "\n")
+    self._file.flush()
+
+  def close(self) -> None:
+    if self._file is not None:
+      self._file.close()
+      self._file = None
+
+
+class _RewrittenObject:
+  """The JSONL record on an object store, which cannot append: each write uploads it whole.
+
+  Uploads are atomic, so a reader (or a preempted run's successor) always sees whole lines.
+  A run logs thousands of records, not millions, so rewriting stays cheap.
+  """
+
+  def __init__(self, path: str):
+    self._path = path
+    existing = files.read_text(path) or ""
+    self._lines = [line for line in existing.splitlines() if line.strip()]
+
+  def append(self, line: str) -> None:
+    self._lines.append(line)
+    files.write_text(self._path, "\n".join(self._lines) + "\n")
+
+  def close(self) -> None:
+    pass
 
 
 class MetricsWriter:
@@ -67,16 +94,19 @@ class MetricsWriter:
 
   def __init__(self, workdir: str | os.PathLike[str], process_index: int = 0):
     self._active = process_index == 0
-    self._file: IO[str] | None = None
+    self._file: _AppendedFile | _RewrittenObject | None = None
     self._tensorboard: tensorboardX.SummaryWriter | None = None
     if not self._active:
       return
     workdir = os.fspath(workdir)
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, METRICS_FILE)
-    _terminate_truncated_line(path)
-    self._file = open(path, "a", encoding="utf-8")
-    self._tensorboard = tensorboardX.SummaryWriter(os.path.join(workdir, TENSORBOARD_DIR))
+    path = files.join(workdir, METRICS_FILE)
+    if files.is_remote(workdir):
+      self._file = _RewrittenObject(path)
+    else:
+      os.makedirs(workdir, exist_ok=True)
+      self._file = _AppendedFile(path)
+    # tensorboardX writes gs:// event files itself (with google-cloud-storage installed).
+    self._tensorboard = tensorboardX.SummaryWriter(files.join(workdir, TENSORBOARD_DIR))
 
   def write(self, step: int, scalars: Mapping[str, Any]) -> None:
     """Records `scalars` (anything `float()` accepts: Python, NumPy or jax scalars) at `step`."""
@@ -85,8 +115,7 @@ class MetricsWriter:
     if "step" in scalars:
       raise ValueError("'step' is reserved for the step number; rename that scalar")
     values = {name: float(value) for name, value in scalars.items()}
-    self._file.write(json.dumps({"step": int(step), **values}) + "\n")
-    self._file.flush()
+    self._file.append(json.dumps({"step": int(step), **values}))
     for name, value in values.items():
       self._tensorboard.add_scalar(name, value, global_step=int(step))
     self._tensorboard.flush()
@@ -129,18 +158,18 @@ def read_metrics(workdir: str | os.PathLike[str]) -> list[dict[str, float]]:
   A line that does not parse (the tail of a write cut short by a crash) is skipped with a
   logged warning. A missing file reads as no records.
   """
-  path = os.path.join(os.fspath(workdir), METRICS_FILE)
-  if not os.path.exists(path):
+  path = files.join(workdir, METRICS_FILE)
+  text = files.read_text(path)
+  if text is None:
     return []
   records = []
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        records.append(json.loads(line))
-      except json.JSONDecodeError:
-        logging.warning("Skipping unparseable line %d of %s (cut short by a crash?)", number, path)
+  for number, line in enumerate(text.splitlines(), start=1):
+    if not line.strip():
+      continue
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:
+      logging.warning("Skipping unparseable line %d of %s (cut short by a crash?)", number, path)
   return records
 
 

@@ -22,13 +22,13 @@ import json
 import math
 import os
 import re
-import socket
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 from etils import epath
 
+from agentrl_jax import files
 from agentrl_jax import types
 from agentrl_jax.advantages import estimators
 from agentrl_jax.learner import metrics as metrics_lib
@@ -508,17 +508,7 @@ def report_path(workdir: str | os.PathLike[str], iteration: int) -> str:
 
 
 def _write_text(path: str, text: str) -> None:
-  """Writes a file whole: locally through a renamed temporary file, on gs:// as one object."""
-  target = epath.Path(path)
-  target.parent.mkdir(parents=True, exist_ok=True)
-  if "://" in path:
-    target.write_text(text)  # An object-store upload is atomic already.
-    return
-  # Host and pid in the name: hosts sharing a workdir must not write the same temporary file.
-  temporary = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
-  with open(temporary, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(temporary, path)
+  files.write_text(path, text)
 
 
 def read_entries(workdir: str | os.PathLike[str]) -> list[dict[str, Any]]:

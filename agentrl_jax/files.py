@@ -1,0 +1,54 @@
+"""Run outputs on a local disk or an object store (gs://), through one small set of calls.
+
+Cloud TPU jobs write their workdir to `gs://bucket/...`; tests and laptops write to local paths.
+`etils.epath` (orbax's path layer) reaches both; the one difference that matters here is that an
+object store has no append and no rename-into-place, but uploads a whole object atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from etils import epath
+
+
+def is_remote(path: str | os.PathLike[str]) -> bool:
+  """True for URLs such as gs://bucket/run (object stores), False for local paths."""
+  return "://" in os.fspath(path)
+
+
+def join(directory: str | os.PathLike[str], *names: str) -> str:
+  return os.path.join(os.fspath(directory), *names)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> str:
+  """Writes a file whole and atomically: no reader ever sees half of it.
+
+  Locally through a renamed temporary file (named by host and pid, so hosts sharing a workdir
+  never write the same temporary); on an object store as one upload, which is atomic already.
+  """
+  path = os.fspath(path)
+  target = epath.Path(path)
+  target.parent.mkdir(parents=True, exist_ok=True)
+  if is_remote(path):
+    target.write_text(text)
+    return path
+  temporary = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
+  with open(temporary, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(temporary, path)
+  return path
+
+
+def read_text(path: str | os.PathLike[str]) -> str | None:
+  """The file's text, or None when it does not exist."""
+  target = epath.Path(os.fspath(path))
+  return target.read_text() if target.exists() else None
+
+
+def move(source: str | os.PathLike[str], destination: str | os.PathLike[str]) -> None:
+  """Moves a file or directory (on an object store: copy then delete, done by epath)."""
+  target = epath.Path(os.fspath(destination))
+  target.parent.mkdir(parents=True, exist_ok=True)
+  epath.Path(os.fspath(source)).rename(target)
