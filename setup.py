@@ -58,7 +58,10 @@ _EXTRAS = {
     # parity tests and bench/models.py, tokenizers the tokenizer.json path. torch is pinned: an
     # unpinned torch resolves to a multi-GB CUDA build.
     "hf": ["transformers", "safetensors", "tokenizers", "torch==2.13.0"],
-    "tpu": ["jax[tpu]>=0.10"],
+    # A gs:// workdir: etils.epath reaches Cloud Storage through gcsfs (configs, metrics,
+    # reports); tensorboardX writes its event files there with google-cloud-storage.
+    "tpu": ["jax[tpu]>=0.10", "gcsfs", "google-cloud-storage"],
+    "gpu": ["jax[cuda12]>=0.10", "gcsfs", "google-cloud-storage"],
     "notebooks": ["jupytext>=1.19", "matplotlib>=3.11", "nbclient>=0.11", "ipykernel>=7.4",
                   "nbconvert>=7.17"],
 }

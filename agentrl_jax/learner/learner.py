@@ -357,7 +357,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
       progress.update(done, {"success": metrics["train/success"],
                              "eval": last_eval.get("eval/greedy_success", float("nan")),
                              "loss": metrics.get("loss/policy", float("nan"))})
-      preempted = stop.agreed() and done < config.num_iterations
+      preempted = stop.agreed(done) and done < config.num_iterations
       if done % config.checkpoint_every == 0 or done == config.num_iterations or preempted:
         extra["credit_state"] = [_json_state(m.state_dict()) for m in stateful]
         ckpt.save(done, state, extra)

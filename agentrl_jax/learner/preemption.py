@@ -34,12 +34,16 @@ class StopRequest:
     print(f"\nReceived {signal.Signals(signum).name}: stopping after this iteration and "
           f"writing a checkpoint (Ctrl-C again to quit at once).", flush=True)
 
-  def agreed(self) -> bool:
-    """True when any host was asked to stop; identical on every host."""
+  def agreed(self, step: int | None = None) -> bool:
+    """True when any host was asked to stop; identical on every host.
+
+    Call it at every iteration on every host. With `step`, JAX's own preemption notice (the
+    coordination service's sync point on Cloud TPU) also counts, at the step it agrees on.
+    """
     if jax.process_count() == 1:
       return self._requested
     flags = multihost_utils.process_allgather(np.asarray(self._requested, np.int32))
-    return bool(np.any(flags))
+    return bool(np.any(flags)) or (step is not None and _reached_preemption_sync_point(step))
 
   def __enter__(self) -> StopRequest:
     # Signal handlers can only be installed from the main thread (e.g. not inside a notebook
@@ -53,3 +57,10 @@ class StopRequest:
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
     self._previous.clear()
+
+
+def _reached_preemption_sync_point(step: int) -> bool:
+  try:
+    return multihost_utils.reached_preemption_sync_point(step)
+  except RuntimeError:  # the preemption service is off (CPU and most GPU clusters)
+    return False
