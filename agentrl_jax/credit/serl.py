@@ -71,8 +71,8 @@ def environment_reweighted_credit(traj: types.Trajectories, advantages: Array, *
 
   Needs `traj.extras["teacher_logprob"]` (`[B, L]` float32, the teacher's log-probs of the sampled
   ids under the privileged prompt) and, when `decay_steps > 0`, `traj.extras["update_step"]`
-  (scalar int, the policy update counter). Optional: `extras["student_logprob"]` (`[B, L]`;
-  default `traj.sample_logprob`), `extras["serl_mask"]` (`[B]` bool, the sample got privileged
+  (int, the policy update counter: a scalar, or the same value for each of the B rows).
+  Optional: `extras["student_logprob"]` (`[B, L]`; default `traj.sample_logprob`), `extras["serl_mask"]` (`[B]` bool, the sample got privileged
   context; default: every sample whose outcome is below `success_threshold`, or every sample when
   `reprompt_successes`), `extras["action_span"]` (`[B, L]` bool, tokens of the parsed action;
   default every policy token).
@@ -97,8 +97,10 @@ def environment_reweighted_credit(traj: types.Trajectories, advantages: Array, *
                           meaning="[B, L] teacher log-probs of the sampled ids")
   student = jnp.asarray(traj.extras.get(STUDENT_LOGPROB_KEY, traj.sample_logprob))
   step = (spans.require(traj.extras, UPDATE_STEP_KEY, where="extras", method=method,
-                        meaning="scalar policy update counter, for the λ decay")
+                        meaning="policy update counter, for the λ decay")
           if decay_steps > 0 else jnp.zeros((), jnp.int32))
+  # A scalar, or one copy per row (batch-major, so it shards with the batch): all rows agree.
+  step = jnp.max(jnp.asarray(step))
   mixing = effective_mixing(step, mixing_lambda=mixing_lambda, decay_steps=decay_steps)
   if SERL_MASK_KEY in traj.extras:
     reprompted = jnp.asarray(traj.extras[SERL_MASK_KEY]).astype(bool)

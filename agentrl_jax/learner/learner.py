@@ -18,6 +18,7 @@ import numpy as np
 import optax
 
 from agentrl_jax import config_errors
+from agentrl_jax import files
 from agentrl_jax import types
 from agentrl_jax.advantages import estimators
 from agentrl_jax.envs import registry
@@ -108,12 +109,15 @@ def _to_device(traj: types.Trajectories) -> types.Trajectories:
 
 
 def _pad_tokens(traj: types.Trajectories, length: int) -> types.Trajectories:
-  """Pads the token columns to `length` (the agreed length of a multi-host batch)."""
-  pad = lambda x: np.pad(x, ((0, 0), (0, length - x.shape[1])))
+  """Pads the token columns (and token-level extras) to `length`, the agreed multi-host length."""
+  width = traj.tokens.shape[1]
+  pad = lambda x, value=0: np.pad(x, ((0, 0), (0, length - width)), constant_values=value)
+  token_level = traj.tokens.shape != traj.reward.shape  # else [B, L] and [B, N] look alike
+  extras = {k: pad(v) if token_level and v.shape == traj.tokens.shape else v
+            for k, v in traj.extras.items()}
   return traj.replace(tokens=pad(traj.tokens), action_mask=pad(traj.action_mask),
-                      turn_of_token=np.pad(traj.turn_of_token, ((0, 0), (0, length - traj.tokens.shape[1])),
-                                           constant_values=-1),
-                      sample_logprob=pad(traj.sample_logprob))
+                      turn_of_token=pad(traj.turn_of_token, -1),
+                      sample_logprob=pad(traj.sample_logprob), extras=extras)
 
 
 def _fill_names(values: dict[str, np.ndarray], names: Sequence[str], like: np.ndarray) -> dict[str, np.ndarray]:
@@ -235,7 +239,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
             f"over the mesh's data x fsdp = {batch_shards} batch shards")
   except (ValueError, TypeError, FileNotFoundError) as e:
     raise config_errors.ConfigError(f"{type(e).__name__}: {e}") from e
-  os.makedirs(workdir, exist_ok=True)
+  files.makedirs(workdir)
   viewer_pipelines = None
   if viewer is not None:
     # The run's own pipeline first; a critic-based one cannot be re-scored without the critic.
@@ -279,6 +283,9 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
       critic_optimizer=critic_opt, advantage_fn=advantage_fn, loss=loss, allowed=allowed,
       temperature=temperature, max_actions=_max_actions(rollout))
   runner = loop_lib.RolloutRunner(policy_graphdef, model, tok, rollout)
+  if hasattr(strategy, "bind"):  # strategies that run the policy themselves (SERL's teacher)
+    strategy = strategy.bind(graphdef=policy_graphdef, allowed=allowed, temperature=temperature,
+                             max_actions=_max_actions(rollout))
   greedy_runner = loop_lib.RolloutRunner(
       policy_graphdef, model, tok,
       dataclasses.replace(rollout, sampling=dataclasses.replace(rollout.sampling, temperature=0.0)))
@@ -292,7 +299,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   extra: dict[str, Any] = {"iteration": 0, "warm_start_done": False, "success_before": None,
                            "success_after_warm_start": None}
   # Methods that keep memory across iterations (PEARL) checkpoint it in `extra`.
-  stateful = [f for f in (*reward_shapers, *corrections) if hasattr(f, "state_dict")]
+  stateful = [f for f in (*reward_shapers, *corrections, strategy) if hasattr(f, "state_dict")]
   resumed_from = ckpt.latest_step()
   if resumed_from is not None:
     state, extra = ckpt.restore(target=state)
