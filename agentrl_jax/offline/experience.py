@@ -22,6 +22,16 @@ Envs built with the same `library` name share one library (`library(name)`), so 
 a batch feed it. Episodes on held-out seeds (>= `read_only_from_seed`, the evaluation seeds) read
 the library but never write to it. The extraction's advantage is GRPO's: an episode's return
 normalised among the buffered episodes of the same seed.
+
+Two learner-side pieces go in the reward-shaper stage (`learner.train.reward_shapers`):
+  * `LibraryCheckpoint(library=name)` changes no reward; it carries the named library (entries,
+    buffered episodes, update count) through the run's checkpoint, so a resumed run continues
+    with the library it stopped with;
+  * `use_state_key_as_obs_hash` makes GiGPO/GAGPO group steps by cluster key (B.18's key-grouped
+    step advantages): the wrapper reports each step's cluster ids in `info['state_key']` (the
+    state after the action) and `info['anchor_state_key']` (the state it acted from), which the
+    rollout loop records as `traj.extras`, and the shaper substitutes them for the raw
+    observation hashes the estimators group on.
 """
 
 from __future__ import annotations
@@ -30,10 +40,14 @@ import collections
 import dataclasses
 import math
 import re
+import zlib
 from typing import Any, Callable, NamedTuple, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
+from agentrl_jax import types
+from agentrl_jax.advantages import step as step_lib
 from agentrl_jax.envs import base as envs_base
 from agentrl_jax.envs import registry
 
@@ -43,6 +57,12 @@ _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _NAME = re.compile(r"\b[A-Z][a-z]+\b")
 _EXPERIENCE = "\nexperience:"
+
+# Info keys (and so `traj.extras` keys) of the cluster ids the wrapper reports at every step.
+STATE_KEY = "state_key"
+ANCHOR_STATE_KEY = "anchor_state_key"
+# The loop stores numeric info as float32, exact for integers below 2**24.
+_KEY_ID_BITS = 24
 
 
 def structural_key(observation: str) -> str:
@@ -77,6 +97,16 @@ def frozenlake_key(observation: str) -> str:
 
 
 KEY_FUNCTIONS: dict[str, Callable[[str], str]] = {"frozenlake": frozenlake_key}
+
+
+def key_id(key: str) -> int:
+  """c = hash(κ(o)) as an int in [0, 2**24): CRC-32 (stable across processes), low 24 bits.
+
+  24 bits because the rollout loop records info values as float32, which holds integers exactly
+  only up to 2**24. Two keys collide with probability about n²/2**25 for n distinct keys within
+  one group (n = 100: 3e-4); a collision only merges two step groups.
+  """
+  return zlib.crc32(key.encode("utf-8")) & ((1 << _KEY_ID_BITS) - 1)
 
 
 def _bag(text: str) -> collections.Counter:
@@ -211,7 +241,9 @@ class ExperienceLibrary:
     n = self.config.num_retrieved
     found = sorted((e for e in self.entries if e.key == key), key=lambda e: -e.score)[:n]
     if len(found) < n:
-      others = sorted({e.key for e in self.entries} - {key}, key=lambda k: -cosine(k, key))
+      # Ties broken by the key itself, not set order (salted per process): a resumed run must
+      # retrieve what the uninterrupted one would.
+      others = sorted({e.key for e in self.entries} - {key}, key=lambda k: (-cosine(k, key), k))
       for other in others:
         if cosine(other, key) < self.config.backoff_similarity or len(found) >= n:
           break
@@ -256,11 +288,38 @@ class ExperienceLibrary:
     return admitted
 
   def state_dict(self) -> dict[str, Any]:
-    return {"entries": [dataclasses.asdict(e) for e in self.entries], "updates": self.updates}
+    """The library as JSON-ready values: entries, buffered episodes and the update count."""
+    return {"entries": [dataclasses.asdict(e) for e in self.entries],
+            "pending": [_episode_state(e) for e in self.pending],
+            "updates": self.updates}
 
   def load_state_dict(self, state: dict[str, Any]) -> None:
-    self.entries = [Entry(**e) for e in state["entries"]]
+    """Restores what `state_dict` returned (a library without `pending` restores an empty buffer).
+
+    Raises:
+      ValueError: `state` lacks entries or updates, or an entry has the wrong fields.
+    """
+    missing = sorted({"entries", "updates"} - set(state))
+    if missing:
+      raise ValueError(f"ExperienceLibrary.load_state_dict: missing {missing}; got keys "
+                       f"{sorted(state)}")
+    try:
+      entries = [Entry(**e) for e in state["entries"]]
+    except TypeError as e:
+      raise ValueError(f"ExperienceLibrary.load_state_dict: bad entry: {e}") from e
+    self.entries = entries
+    self.pending = [_episode_from_state(e) for e in state.get("pending", [])]
     self.updates = int(state["updates"])
+
+
+def _episode_state(episode: Episode) -> dict[str, Any]:
+  return {"seed": episode.seed, "ret": episode.ret, "success": episode.success,
+          "steps": [step._asdict() for step in episode.steps]}
+
+
+def _episode_from_state(state: dict[str, Any]) -> Episode:
+  return Episode(seed=int(state["seed"]), ret=float(state["ret"]), success=bool(state["success"]),
+                 steps=tuple(StepView(**step) for step in state["steps"]))
 
 
 _LIBRARIES: dict[str, ExperienceLibrary] = {}
@@ -280,7 +339,87 @@ def library(name: str, config: LibraryConfig | None = None) -> ExperienceLibrary
   return _LIBRARIES[name]
 
 
+def drop_library(name: str) -> None:
+  """Forgets the process-wide library `name` (as a new process would); absent names are ignored.
+
+  For processes that run several trainings one after another (tests, notebooks): the next
+  env built with `name` starts an empty library, which a resumed run then fills from its
+  checkpoint through `LibraryCheckpoint`.
+  """
+  _LIBRARIES.pop(name, None)
+
+
 _shared_library = library  # `ExperienceEnv.__init__` takes an argument called `library`
+
+
+class LibraryCheckpoint:
+  """A reward shaper that changes nothing and checkpoints the library called `library`.
+
+  The online learner saves `state_dict()` of every reward shaper and correction that has one in
+  its checkpoint (`extra['credit_state']`) and calls `load_state_dict` on resume; this object is
+  how the SLEA library rides along:
+
+    learner.train.reward_shapers = [@experience.LibraryCheckpoint()]
+    experience.LibraryCheckpoint.library = 'slea_frozenlake'   # = env_kwargs['library']
+
+  The library is looked up by name when saved or restored, not when this object is built: the
+  learner builds the env (which creates the library with its config) only after gin has built
+  the shapers.
+  """
+
+  def __init__(self, library: str = "default"):
+    if not isinstance(library, str) or not library:
+      raise ValueError(f"LibraryCheckpoint.library must be a non-empty str, got {library!r}")
+    self.library = library
+
+  def _library(self) -> ExperienceLibrary:
+    if self.library not in _LIBRARIES:
+      raise ValueError(
+          f"LibraryCheckpoint: no experience library named {self.library!r} exists (known: "
+          f"{sorted(_LIBRARIES) or 'none'}); set it to the 'slea' env's env_kwargs['library']")
+    return _LIBRARIES[self.library]
+
+  def __call__(self, traj: types.Trajectories) -> types.Trajectories:
+    return traj
+
+  def state_dict(self) -> dict[str, Any]:
+    return {"library": self.library, **self._library().state_dict()}
+
+  def load_state_dict(self, state: dict[str, Any]) -> None:
+    """Restores the library saved by `state_dict`.
+
+    Raises:
+      ValueError: the checkpoint holds another library's state.
+    """
+    if state.get("library") != self.library:
+      raise ValueError(f"LibraryCheckpoint({self.library!r}): the checkpoint holds library "
+                       f"{state.get('library')!r}")
+    self._library().load_state_dict(state)
+
+
+def use_state_key_as_obs_hash(traj: types.Trajectories) -> types.Trajectories:
+  """Reward-shaper stage: the cluster ids the 'slea' wrapper reported become the step hashes.
+
+  Step-group estimators (GiGPO, GAGPO) group turns by the state they act from: `obs_hash` of the
+  previous turn, and `extras['initial_obs_hash']` for turn 0. Replacing both with cluster ids
+  (`extras['state_key']`, the state after each turn, and `extras['anchor_state_key'][:, 0]`, the
+  state turn 0 acts from) puts structurally equivalent states in one step group (B.18: GiGPO
+  with key groups). Rewards are unchanged; turns that do not exist keep their hash. Unlike a
+  reward shaper proper it rewrites `obs_hash`, not `reward`: list it last among the shapers, since
+  one after it that reads `obs_hash` (curiosity) would see cluster ids, not exact observations.
+
+  Raises:
+    ValueError: the batch has no cluster ids (the env is not wrapped by 'slea').
+  """
+  missing = [k for k in (STATE_KEY, ANCHOR_STATE_KEY) if k not in traj.extras]
+  if missing:
+    raise ValueError(f"use_state_key_as_obs_hash: traj.extras lacks {missing} (has: "
+                     f"{sorted(traj.extras) or 'nothing'}); it needs the 'slea' env")
+  state = jnp.asarray(traj.extras[STATE_KEY]).astype(jnp.int32)
+  anchor = jnp.asarray(traj.extras[ANCHOR_STATE_KEY]).astype(jnp.int32)
+  obs_hash = jnp.where(jnp.asarray(traj.turn_mask), state, jnp.asarray(traj.obs_hash))
+  return traj.replace(obs_hash=obs_hash.astype(jnp.int32),
+                      extras={**traj.extras, step_lib.INITIAL_OBS_HASH_KEY: anchor[:, 0]})
 
 
 def experience_block(entries: Sequence[Entry]) -> str:
@@ -336,7 +475,8 @@ class ExperienceEnv(envs_base.TextEnv):
 
   def _step(self, action: Any) -> envs_base.StepResult:
     result = self.inner.step(action)
-    self._steps.append(StepView(key=self.key_fn(self._obs), observation=self._obs,
+    anchor_key = self.key_fn(self._obs)
+    self._steps.append(StepView(key=anchor_key, observation=self._obs,
                                 action=str(action), next_observation=result.observation,
                                 action_valid=bool(result.info.get("action_valid", True)),
                                 done=result.done))
@@ -345,7 +485,9 @@ class ExperienceEnv(envs_base.TextEnv):
     if result.done and self._seed < self.read_only_from_seed:
       self.library.observe(Episode(seed=self._seed, steps=tuple(self._steps), ret=self._return,
                                    success=bool(result.info.get("success", False))))
-    return result._replace(observation=self._augment(result.observation))
+    info = {**result.info, STATE_KEY: key_id(self.key_fn(result.observation)),
+            ANCHOR_STATE_KEY: key_id(anchor_key)}
+    return result._replace(observation=self._augment(result.observation), info=info)
 
   def _on_step_cap(self, result: envs_base.StepResult) -> envs_base.StepResult:
     return result  # the inner env applies its own cap

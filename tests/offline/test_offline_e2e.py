@@ -24,8 +24,9 @@ EXTRA = {
                                   "iterative_grpo.IterativeGRPOConfig.improve_steps = 2",
                                   "iterative_grpo.IterativeGRPOConfig.contexts_per_step = 4"],
     "ahead_frozenlake": [],
-    "slea_frozenlake": ["configs.TrainConfig.env_kwargs = {'env': 'frozenlake', 'library': "
-                        "'e2e', 'episodes_per_update': 8, 'admission_threshold': 0.1}"],
+    "slea_frozenlake": ["LIBRARY = 'e2e'",
+                        "configs.TrainConfig.env_kwargs = {'env': 'frozenlake', 'library': "
+                        "%LIBRARY, 'episodes_per_update': 8, 'admission_threshold': 0.1}"],
 }
 
 
@@ -61,6 +62,6 @@ def test_gin_file_parses_and_binds_its_entry(name):
   finally:
     gin.clear_config()
   if name == "slea_frozenlake":
-    assert "env_name = 'slea'" in text
+    assert "env_name = 'slea'" in text and "LibraryCheckpoint" in text
   else:
     assert f"@{name.replace('_frozenlake', '')}.train" in text

@@ -1,5 +1,5 @@
 """Tests for agentrl_jax.studies.credit_comparison (the plumbing; training itself runs in the
-notebook, whose SMALL execution is the slow test in tests/notebooks)."""
+notebook, whose SMALL execution tests/notebooks runs)."""
 
 import jax
 import numpy as np
