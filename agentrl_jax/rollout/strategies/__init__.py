@@ -1,0 +1,16 @@
+"""Rollout strategies: how a batch of episodes is sampled, beyond one plain pass.
+
+Each strategy is a frozen dataclass with
+`collect(runner, make_env, seeds, group_ids, *, params, rng, row_ids) -> (Trajectories, RolloutStats)`
+returning ordinary `Trajectories` of exactly `len(seeds)` rows, with the sampler's log-probs of
+the kept tokens (TITO), so any estimator and the PPO loss follow unchanged. Chosen in gin with
+`learner.train.strategy = @tsr.BestOfN()` (or `@tsr.FilterInstances()`, `@t2po.TurnResampling()`,
+`@arpo.EntropyBranching()`). RTPO changes the training schedule itself and is an entry point:
+`learner.run.entry = @rtpo.train`.
+
+  tsr.py     TSR best-of-N action selection and instance filtering (ALGORITHMS.md B.19)
+  t2po.py    T²PO turn-level dynamic sampling (B.15)
+  arpo.py    ARPO entropy-triggered branching (A.8)
+  rtpo.py    RTPO reverse-turn updates on sparse reverse trees (B.9)
+  common.py  the shared machinery: rows mid-episode, re-sampling a turn, forking rows
+"""

@@ -1,0 +1,342 @@
+"""RTPO — reverse-turn policy optimisation on sparse reverse trees (B.9).
+
+One iteration: sample `num_roots` root episodes per task with the policy, recording every turn's
+token-exact prefix and the env state there. Then, for turn k = K_max − 1 down to 0, pick at most
+`max_prefixes` roots per task that reached turn k; from each such prefix (the root's tokens up to
+and including observation k, its env state by deep copy) sample `branches` turn-k actions and play
+each to the end with the *current* policy — already updated on every turn after k. The group of
+a prefix's branches gives turn-level advantages A = (G − mean G)/(std G + ε) (GRPO on the
+prefix group), and one PPO update (`learner/step.py`, unchanged) trains the turn-k action tokens
+only, on the exact prefix tokens they were sampled after.
+
+The depth-k batch has a fixed number of rows (tasks × max_prefixes × branches; unused rows are
+empty and carry no loss), so the sampler and the update compile once per length bucket.
+
+Differences from the spec's formalisation: the continuation's KV cache is rebuilt from the prefix
+tokens under the updated parameters (the prefix tokens are the root's, bit for bit); the return G
+is the episode's total reward (the prefix part is shared by the group, so the advantage is the
+same as for the return from turn k).
+
+Entry point for `experiments/run.py`: `learner.run.entry = @rtpo.train`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import os
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentrl_jax import types
+from agentrl_jax.advantages import estimators
+from agentrl_jax.learner import checkpoint as checkpoint_lib
+from agentrl_jax.learner import configs
+from agentrl_jax.learner import metrics as metrics_lib
+from agentrl_jax.learner import step as step_lib
+from agentrl_jax.models import transformer
+from agentrl_jax.offline import common as offline_common
+from agentrl_jax.rollout import loop as loop_lib
+from agentrl_jax.rollout.strategies import common
+
+_PREFIX_SALT = 0x9E7
+_DEPTH_SALT = 0xD39
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RTPOConfig:
+  """The reverse tree (defaults: the spec's, our choices).
+
+  Attributes:
+    num_roots: N_root root episodes per task.
+    branches: M turn-k actions sampled from each chosen prefix (the advantage group).
+    max_prefixes: P_max prefixes per task and turn.
+    eps: ε of the group normalisation.
+  """
+
+  num_roots: int = 4
+  branches: int = 4
+  max_prefixes: int = 2
+  eps: float = 1e-6
+
+  def __post_init__(self):
+    for name in ("num_roots", "branches", "max_prefixes"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"RTPOConfig.{name} must be >= 1, got {getattr(self, name)}")
+    if self.eps <= 0:
+      raise ValueError(f"RTPOConfig.eps must be > 0, got {self.eps}")
+
+
+@dataclasses.dataclass
+class Roots:
+  """Root episodes at full `max_len` and each row's env state at the start of every turn.
+
+  Attributes:
+    traj: host Trajectories [B, max_len].
+    snapshots: snapshots[b][k] = deep copy of row b's env before its turn-k action (None where
+      the row did not reach turn k).
+    stats: rollout counters.
+  """
+
+  traj: types.Trajectories
+  snapshots: list
+  stats: loop_lib.RolloutStats
+
+
+def sample_roots(runner: loop_lib.RolloutRunner, make_env: common.MakeEnv, seeds: Sequence[int],
+                 group_ids: Sequence[int], *, params, rng: jax.Array,
+                 row_ids: Sequence[int] | None = None) -> Roots:
+  """Plays the root episodes with plain sampling, snapshotting each env before every action."""
+  row_ids = common.check_inputs(seeds, group_ids, row_ids)
+  start_time = time.perf_counter()
+  tool = common.tools(runner)
+  batch = common.start(runner, [make_env() for _ in seeds], seeds, group_ids, row_ids)
+  stats = loop_lib.RolloutStats(episodes=len(seeds))
+  snapshots = [[None] * runner.config.max_turns for _ in seeds]
+  for turn in range(runner.config.max_turns):
+    common.append_observations(runner, batch, turn, stats)
+    if not batch.active.any():
+      break
+    for i in np.flatnonzero(batch.active):
+      snapshots[i][turn] = copy.deepcopy(batch.envs[i])
+    draw = common.sample_turn(tool, params, batch, turn, common.turn_key(rng, turn))
+    common.play_turn(runner, tool, batch, draw, turn, stats)
+  common.close(runner, batch, stats)
+  stats.seconds = time.perf_counter() - start_time
+  return Roots(traj=batch.traj, snapshots=snapshots, stats=stats)
+
+
+def choose_prefixes(traj: types.Trajectories, depth: int, max_prefixes: int,
+                    key: jax.Array) -> np.ndarray:
+  """Root rows that reached turn `depth` (played its action), at most `max_prefixes` per group,
+  chosen uniformly at random; sorted."""
+  reached = np.asarray(traj.turn_mask)[:, depth] & ~np.asarray(traj.env_error).any(axis=1)
+  order = np.asarray(jax.random.permutation(jax.random.fold_in(key, depth), traj.batch_size))
+  chosen, per_group = [], {}
+  for b in order:
+    g = int(traj.group_id[b])
+    if reached[b] and per_group.get(g, 0) < max_prefixes:
+      chosen.append(int(b))
+      per_group[g] = per_group.get(g, 0) + 1
+  return np.sort(np.asarray(chosen, np.int64))
+
+
+def _prefix_rows(roots: Roots, rows: np.ndarray, depth: int, size: int) -> types.Trajectories:
+  """Host buffers [size, max_len] whose first len(rows) rows hold the roots' prefixes up to and
+  including observation `depth` (its action and everything after erased)."""
+  src = roots.traj
+  out = types.empty_trajectories(size, src.max_len, src.max_turns)
+  n = len(rows)
+  cut = src.turn_start[rows, depth]
+  keep = np.arange(src.max_len)[None] < cut[:, None]
+  out.tokens[:n] = np.where(keep, src.tokens[rows], 0)
+  out.action_mask[:n] = keep & src.action_mask[rows]
+  out.turn_of_token[:n] = np.where(keep, src.turn_of_token[rows], -1)
+  out.sample_logprob[:n] = np.where(keep, src.sample_logprob[rows], 0.0)
+  earlier = np.arange(src.max_turns)[None] < depth
+  for name in ("reward", "obs_hash", "action_valid", "turn_start", "turn_end", "turn_mask"):
+    getattr(out, name)[:n] = np.where(earlier, getattr(src, name)[rows], 0)
+  out.outcome[:n] = out.reward[:n].sum(axis=1)
+  out.extras["initial_obs_hash"] = np.zeros((size,), np.int32)
+  out.extras["initial_obs_hash"][:n] = src.extras["initial_obs_hash"][rows]
+  return out
+
+
+@dataclasses.dataclass
+class DepthBatch:
+  """The depth-k training batch and where its rows come from.
+
+  Attributes:
+    depth: k.
+    traj: host Trajectories trimmed to a length bucket; action_mask covers turn-k actions only.
+    prefix_root: [R] root row of each row's prefix (−1 for empty rows).
+    prefix_len: [R] tokens of the shared prefix (up to and including observation k).
+    stats: rollout counters of the continuations.
+  """
+
+  depth: int
+  traj: types.Trajectories
+  prefix_root: np.ndarray
+  prefix_len: np.ndarray
+  stats: loop_lib.RolloutStats
+
+
+def sample_depth(runner: loop_lib.RolloutRunner, roots: Roots, prefixes: np.ndarray, depth: int,
+                 *, branches: int, size: int, params, rng: jax.Array) -> DepthBatch:
+  """Samples `branches` turn-`depth` actions from each prefix and plays them out with `params`.
+
+  Rows p·M .. p·M + M − 1 branch from prefix p and form group p; rows past the prefixes stay
+  empty (each its own group, no tokens, no loss).
+  """
+  start_time = time.perf_counter()
+  tool = common.tools(runner)
+  m = branches
+  rows = np.repeat(prefixes, m)
+  if len(rows) > size:
+    raise ValueError(f"sample_depth: {len(prefixes)} prefixes x {m} branches exceed {size} rows")
+  n = len(rows)
+  traj = _prefix_rows(roots, rows, depth, size)
+  traj.group_id[:] = np.arange(size, dtype=np.int32)
+  traj.group_id[:n] = np.repeat(np.arange(len(prefixes), dtype=np.int32), m)
+  src = roots.traj
+  obs_start = src.turn_end[rows, depth - 1] if depth > 0 else np.zeros(n, np.int32)
+  cut = src.turn_start[rows, depth]
+  prefix_len = np.zeros(size, np.int32)
+  prefix_len[:n] = cut
+  cached = np.zeros(size, np.int32)
+  cached[:n] = obs_start
+  active = np.zeros(size, bool)
+  active[:n] = True
+  batch = common.RowBatch(
+      traj=traj, envs=[copy.deepcopy(roots.snapshots[r][depth]) for r in rows] + [None] * (size - n),
+      observations=[None] * size,
+      chunks=[list(src.tokens[r, s:c]) for r, s, c in zip(rows, obs_start, cut)] + [[]] * (size - n),
+      active=active, cursor=prefix_len.copy(),
+      # The prefix is re-encoded under the current parameters, up to observation k (pending).
+      cache=common.prefilled_cache(tool, params, traj, cached),
+      row_ids=np.arange(size, dtype=np.int32))
+  stats = loop_lib.RolloutStats(episodes=n)
+  for turn in range(depth, runner.config.max_turns):
+    if turn > depth:
+      common.append_observations(runner, batch, turn, stats)
+    if not batch.active.any():
+      break
+    draw = common.sample_turn(tool, params, batch, turn, common.turn_key(rng, turn))
+    common.play_turn(runner, tool, batch, draw, turn, stats)
+  common.close(runner, batch, stats)
+  stats.seconds = time.perf_counter() - start_time
+  out = batch.traj
+  only_k = out.action_mask & (out.turn_of_token == depth)
+  out = out.replace(action_mask=only_k, sample_logprob=np.where(only_k, out.sample_logprob, 0.0))
+  root = np.full(size, -1, np.int64)
+  root[:n] = rows
+  return DepthBatch(depth=depth, traj=common.trim_to_bucket(runner, out), prefix_root=root,
+                    prefix_len=prefix_len, stats=stats)
+
+
+def reverse_depths(roots: Roots) -> list[int]:
+  """K_max − 1, ..., 0 over the turns any root reached."""
+  played = np.asarray(roots.traj.turn_mask).any(axis=0)
+  k_max = int(np.flatnonzero(played)[-1]) + 1 if played.any() else 0
+  return list(range(k_max - 1, -1, -1))
+
+
+def rtpo_iteration(runner: loop_lib.RolloutRunner, make_env: common.MakeEnv, update,
+                   state: types.ActorCriticState, seeds: Sequence[int], group_ids: Sequence[int],
+                   *, rtpo: RTPOConfig, num_tasks: int, rng: jax.Array, on_depth=None):
+  """One RTPO iteration: roots, then one update per turn in decreasing turn order.
+
+  Args:
+    update: `step.make_update_fn(...)` with the group advantage as its `advantage_fn`.
+    seeds, group_ids: the roots (num_tasks × num_roots rows).
+    on_depth: optional callback(DepthBatch, state before its update) (tests, diagnostics).
+  Returns:
+    (state, roots, list of per-depth metric dicts in update order).
+  """
+  roots = sample_roots(runner, make_env, seeds, group_ids, params=state.policy_params,
+                       rng=jax.random.fold_in(rng, 0))
+  size = num_tasks * rtpo.max_prefixes * rtpo.branches
+  prefix_key = jax.random.fold_in(rng, _PREFIX_SALT)
+  history = []
+  for depth in reverse_depths(roots):
+    prefixes = choose_prefixes(roots.traj, depth, rtpo.max_prefixes, prefix_key)
+    if not prefixes.size:
+      continue
+    batch = sample_depth(runner, roots, prefixes, depth, branches=rtpo.branches, size=size,
+                         params=state.policy_params,
+                         rng=jax.random.fold_in(jax.random.fold_in(rng, _DEPTH_SALT), depth))
+    if on_depth is not None:
+      on_depth(batch, state)
+    state, metrics = update(state, jax.tree.map(jnp.asarray, batch.traj))
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    metrics.update({"rtpo/depth": depth, "rtpo/prefixes": len(prefixes),
+                    "rtpo/branch_success": float(np.mean(batch.traj.success[:len(prefixes) * rtpo.branches]))})
+    history.append(metrics)
+  return state, roots, history
+
+
+def make_rtpo_update(graphdef, optimizer, loss: step_lib.LossConfig, *, allowed, temperature: float,
+                     max_actions: int, num_groups: int, eps: float):
+  """The PPO update of `learner/step.py` with GRPO over prefix groups as the advantage."""
+  grpo = estimators.get_estimator("grpo")
+  return step_lib.make_update_fn(
+      policy_graphdef=graphdef, critic_graphdef=None, policy_optimizer=optimizer,
+      critic_optimizer=None, advantage_fn=functools.partial(grpo, num_groups=num_groups, eps=eps),
+      loss=loss, allowed=allowed, temperature=temperature, max_actions=max_actions)
+
+
+def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
+          model: transformer.TransformerConfig | None = None,
+          rollout: loop_lib.RolloutConfig = loop_lib.RolloutConfig(),
+          loss: step_lib.LossConfig = step_lib.LossConfig(),
+          optim: configs.OptimConfig = configs.OptimConfig(),
+          rtpo: RTPOConfig = RTPOConfig(),
+          warm_start: configs.WarmStartConfig = configs.WarmStartConfig(),
+          evaluation: configs.EvalConfig = configs.EvalConfig(),
+          tokenizer_path: str | None = None) -> offline_common.Summary:
+  """Runs `num_iterations` RTPO iterations of `tasks_per_iteration` tasks.
+
+  `config.group_size` is not used: each task gets `rtpo.num_roots` roots and every prefix group
+  `rtpo.branches` continuations. The optimizer schedule counts one step per depth update
+  (at most `rollout.max_turns` per iteration).
+  """
+  setup, params = offline_common.resolve(config, model, rollout, tokenizer_path)
+  os.makedirs(workdir, exist_ok=True)
+  writer = metrics_lib.MetricsWriter(workdir, process_index=jax.process_index())
+  base_key = jax.random.key(config.seed)
+  params = offline_common.warm_start(setup, params, warm_start, config.seed)
+  before = offline_common.evaluate(setup, params, evaluation, jax.random.fold_in(base_key, 0))
+  writer.write(0, {f"{k}_before": v for k, v in before.items()})
+  optimizer = offline_common.make_optimizer(optim, config.num_iterations * setup.rollout.max_turns)
+  tasks = config.tasks_per_iteration
+  size = tasks * rtpo.max_prefixes * rtpo.branches
+  update = make_rtpo_update(setup.graphdef, optimizer, loss, allowed=setup.allowed,
+                            temperature=setup.temperature, max_actions=setup.max_actions,
+                            num_groups=size, eps=rtpo.eps)
+  # A copy of the key data: the update donates the state, and `base_key` is used again.
+  state = types.ActorCriticState(step=jnp.zeros((), jnp.int32),
+                                 rng=jnp.array(jax.random.key_data(base_key)), policy_params=params,
+                                 policy_opt_state=optimizer.init(params))
+  ckpt = checkpoint_lib.Checkpointer(workdir)
+  extra: dict[str, Any] = {"iteration": 0}
+  if ckpt.latest_step() is not None:
+    state, extra = ckpt.restore(target=state)
+  metrics: dict[str, float] = {}
+  progress = metrics_lib.ProgressBar(total=config.num_iterations, initial=extra["iteration"],
+                                     enabled=jax.process_index() == 0)
+  for iteration in range(extra["iteration"], config.num_iterations):
+    start = time.perf_counter()
+    first = iteration * tasks
+    seeds = [first + t for t in range(tasks) for _ in range(rtpo.num_roots)]
+    groups = [t for t in range(tasks) for _ in range(rtpo.num_roots)]
+    state, roots, history = rtpo_iteration(
+        setup.runner, setup.make_env, update, state, seeds, groups, rtpo=rtpo, num_tasks=tasks,
+        rng=jax.random.fold_in(base_key, iteration + 1))
+    metrics = {"train/success": float(np.mean(roots.traj.success)),
+               "train/outcome": float(np.mean(roots.traj.outcome)),
+               "train/turns": float(np.mean(roots.traj.turn_mask.sum(axis=1))),
+               "rtpo/depth_updates": len(history), **roots.stats.as_metrics()}
+    for key in history[0] if history else ():
+      if key.startswith(("loss/", "credit/", "rollout/logprob_drift")):
+        metrics[key] = float(np.mean([h[key] for h in history]))
+    metrics["time/iteration_s"] = time.perf_counter() - start
+    done = extra["iteration"] = iteration + 1
+    if iteration == 0:
+      metrics_lib.write_operative_config(workdir, process_index=jax.process_index())
+    if done % evaluation.every == 0 or done == config.num_iterations:
+      metrics.update(offline_common.evaluate(setup, state.policy_params, evaluation,
+                                             jax.random.fold_in(base_key, 10_000 + done)))
+    if done % config.log_every == 0 or done == config.num_iterations:
+      writer.write(done, metrics)
+    progress.update(done, {"success": metrics["train/success"],
+                           "loss": metrics.get("loss/policy", float("nan"))})
+    if done % config.checkpoint_every == 0 or done == config.num_iterations:
+      ckpt.save(done, state, extra)
+  progress.close()
+  return offline_common.finish("rtpo", setup, state.policy_params, metrics, before,
+                               extra["iteration"], evaluation, base_key, writer)
