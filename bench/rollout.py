@@ -2,15 +2,17 @@
 
 1. Per-turn cost vs turn index over 20 turns at equal new tokens per turn, with the KV cache held
    across turns (each turn prefills only its new observation), against re-prefilling the whole
-   conversation every turn.
+   conversation every turn. The cached run is measured twice: over the whole cache every turn,
+   and in the smallest cache window that holds the conversation (`RolloutConfig.cache_windows`).
 2. Env-step overlap: slow envs (a sleep per step) stepped by the thread pool vs one after another.
+3. GIL-bound envs (a busy loop per step): one after another vs threads vs worker processes.
 
   python bench/rollout.py
 """
 
 from __future__ import annotations
 
-import statistics
+import os
 import time
 
 import jax
@@ -23,7 +25,9 @@ from agentrl_jax.rollout import sampler as sampler_lib
 from agentrl_jax.rollout import workers
 
 BATCH, TURNS, OBS_TOKENS, ACTION_TOKENS, VOCAB = 32, 20, 24, 8, 512
-REPEATS = 3
+# Each figure is the fastest of REPEATS runs, the variants interleaved, so load from other
+# processes on a shared machine inflates none of them selectively.
+REPEATS = 5
 
 
 def _timed(fn, *args):
@@ -32,7 +36,15 @@ def _timed(fn, *args):
   return time.perf_counter() - start
 
 
-def _cached_turn_costs(graphdef, params, cfg, sample):
+WINDOWS = (64, 128, 256, 512)
+
+
+def _window(turn: int, capacity: int, windows) -> int | None:
+  need = (turn + 1) * (OBS_TOKENS + ACTION_TOKENS)
+  return next((w for w in windows if need <= w < capacity), None)
+
+
+def _cached_turn_costs(graphdef, params, cfg, sample, windows=()):
   """Seconds per turn of one 20-turn episode batch with the cache held across turns."""
   capacity = TURNS * (OBS_TOKENS + ACTION_TOKENS) + OBS_TOKENS + ACTION_TOKENS
   obs = np.ones((BATCH, OBS_TOKENS), np.int32)
@@ -42,7 +54,8 @@ def _cached_turn_costs(graphdef, params, cfg, sample):
   costs = []
   for turn in range(TURNS):
     start = time.perf_counter()
-    out = sample(params, cache, obs, obs_len, active, np.int32(turn), jax.random.key(turn))
+    out = sample(params, cache, obs, obs_len, active, np.int32(turn), jax.random.key(turn),
+                 window=_window(turn, capacity, windows))
     jax.block_until_ready(out.tokens)
     costs.append(time.perf_counter() - start)
     cache = out.cache
@@ -65,6 +78,11 @@ def _reprefill_turn_costs(graphdef, params, cfg, sample):
   return costs
 
 
+def _fastest(runs):
+  """Per-turn minimum over repeated runs [[seconds per turn], ...]."""
+  return [min(run[t] for run in runs) for t in range(TURNS)]
+
+
 def bench_turn_costs():
   cfg = transformer.TransformerConfig(vocab_size=VOCAB, num_layers=2, d_model=64, num_heads=4,
                                       mlp_dim=256, position="turn_slot", alibi=True,
@@ -72,18 +90,27 @@ def bench_turn_costs():
   graphdef, params = transformer.create(cfg, 0)
   sampling = sampler_lib.SamplingConfig(max_action_tokens=ACTION_TOKENS)
   sample = sampler_lib.make_turn_sampler(graphdef, sampling, VOCAB)
-  _cached_turn_costs(graphdef, params, cfg, sample)  # compile
-  cached = [_cached_turn_costs(graphdef, params, cfg, sample) for _ in range(REPEATS)]
-  per_turn = [statistics.median(c[t] for c in cached) for t in range(TURNS)]
-  reprefill = _reprefill_turn_costs(graphdef, params, cfg, sample)
+  variants = {"whole cache": (), "windowed": WINDOWS}
+  for windows in variants.values():
+    _cached_turn_costs(graphdef, params, cfg, sample, windows)  # compile
+  _reprefill_turn_costs(graphdef, params, cfg, sample)  # compile every length
+  timings = {name: [] for name in list(variants) + ["re-prefill"]}
+  for _ in range(REPEATS):
+    for name, windows in variants.items():
+      timings[name].append(_cached_turn_costs(graphdef, params, cfg, sample, windows))
+    timings["re-prefill"].append(_reprefill_turn_costs(graphdef, params, cfg, sample))
+  runs = {name: _fastest(timings[name]) for name in variants}
+  reprefill = _fastest(timings["re-prefill"])
   print(f"## Per-turn cost, batch {BATCH}, {OBS_TOKENS} new observation tokens + "
-        f"{ACTION_TOKENS} action tokens per turn")
-  print("| turn | cached (ms) | re-prefill (ms) |")
-  print("|---|---|---|")
+        f"{ACTION_TOKENS} action tokens per turn; windows {WINDOWS}")
+  print("| turn | cached, whole cache (ms) | cached, windowed (ms) | re-prefill (ms) |")
+  print("|---|---|---|---|")
   for t in (0, 4, 9, 14, 19):
-    print(f"| {t + 1} | {1e3 * per_turn[t]:.1f} | {1e3 * reprefill[t]:.1f} |")
-  print(f"turn 20 / turn 1 (cached): {per_turn[-1] / per_turn[0]:.2f}  (target <= 1.2)")
-  print(f"total re-prefill / total cached: {sum(reprefill) / sum(per_turn):.2f}  (target >= 5)")
+    print(f"| {t + 1} | {1e3 * runs['whole cache'][t]:.1f} | {1e3 * runs['windowed'][t]:.1f} | "
+          f"{1e3 * reprefill[t]:.1f} |")
+  for name, per_turn in runs.items():
+    print(f"{name}: turn 20 / turn 1: {per_turn[-1] / per_turn[0]:.2f} (target <= 1.2); "
+          f"total re-prefill / total cached: {sum(reprefill) / sum(per_turn):.2f} (target >= 5)")
 
 
 class _SlowEnv:
@@ -112,7 +139,58 @@ def bench_env_overlap(num_envs=32, seconds=0.02, steps=5):
   print(f"speed-up: {timings['sequential'] / timings['32 threads']:.1f}x")
 
 
+class _BusyEnv:
+  """Spends a fixed amount of pure-Python work per step, holding the GIL (a Python simulator).
+
+  The work is counted in iterations, not wall time: a wall-clock busy-wait would also run out
+  while its thread waits for the GIL, and so fake an overlap.
+  """
+
+  def __init__(self, iterations):
+    self.iterations = iterations
+
+  def reset(self, seed):
+    return "start"
+
+  def step(self, action):
+    total = 0
+    for i in range(self.iterations):
+      total += i * i
+    return base.StepResult(action, float(total % 2), False, {"action_valid": True})
+
+
+def _iterations_for(seconds: float) -> int:
+  probe = _BusyEnv(100_000)
+  start = time.perf_counter()
+  probe.step("a")
+  return max(1, int(100_000 * seconds / (time.perf_counter() - start)))
+
+
+def bench_gil_bound_envs(num_envs=16, seconds=0.01, steps=5):
+  """Threads cannot overlap envs that hold the GIL; worker processes can (up to the cores)."""
+  iterations = _iterations_for(seconds)
+  timings = {}
+  for name, config in [("sequential", workers.WorkerConfig(num_threads=0)),
+                       ("16 threads", workers.WorkerConfig(num_threads=num_envs)),
+                       ("2 processes", workers.WorkerConfig(kind="process", num_processes=2))]:
+    stepper = workers.EnvStepper(config)
+    envs = [stepper.make_env(_BusyEnv, iterations=iterations) for _ in range(num_envs)]
+    for env in envs:
+      env.reset(0)
+    stepper.step(envs, ["a"] * num_envs)  # warm up (process start-up is not stepping)
+    start = time.perf_counter()
+    for _ in range(steps):
+      stepper.step(envs, ["a"] * num_envs)
+    timings[name] = time.perf_counter() - start
+    stepper.close()
+  print(f"## GIL-bound envs: {num_envs} envs, ~{1e3 * seconds:.0f} ms of Python work per step, "
+        f"{steps} steps, {os.cpu_count()} cores")
+  for name, value in timings.items():
+    print(f"{name}: {value:.2f} s ({timings['sequential'] / value:.1f}x)")
+
+
 if __name__ == "__main__":
   print(f"devices: {jax.devices()}")
   bench_turn_costs()
   bench_env_overlap()
+  bench_gil_bound_envs()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import chex
 import flax.struct
@@ -213,12 +213,27 @@ def init_cache(config: TransformerConfig, batch_size: int, capacity: int,
                  length=jnp.zeros((batch_size,), jnp.int32))
 
 
-class Positions(NamedTuple):
-  """Where each input token sits: absolute position, turn index and slot within the turn, [B, T]."""
+@flax.struct.dataclass
+class Positions:
+  """Where each input token sits: absolute position, turn index and slot within the turn, [B, T].
+
+  `floor` [B, T] (optional) is each token's context floor: the first absolute position it may
+  attend to (a context-window policy, `rollout/context.py`). None means 0: the whole prefix. Keys
+  below the floor are masked, not removed, so relative distances (RoPE, ALiBi) are unchanged.
+
+  Iterating yields the set fields in order (floor only when given), so a chunk is sliced with
+  `Positions(*(x[:, a:b] for x in pos))`.
+  """
 
   position: jax.Array
   turn: jax.Array
   slot: jax.Array
+  floor: jax.Array | None = None
+
+  def __iter__(self):
+    yield from (self.position, self.turn, self.slot)
+    if self.floor is not None:
+      yield self.floor
 
 
 def _param(rngs: nnx.Rngs, init, shape, axes) -> nnx.Param:
@@ -340,6 +355,8 @@ class Attention(nnx.Module):
       slopes = alibi_slopes(c.num_heads).reshape(c.kv_heads, group)
       scores = scores - slopes[None, :, :, None, None] * distance[:, None, None].astype(jnp.float32)
     allowed = (distance >= 0) & key_valid[:, None, :]
+    if pos.floor is not None:
+      allowed = allowed & (key_pos[:, None, :] >= pos.floor[:, :, None])
     scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(x.dtype))

@@ -2,8 +2,11 @@
 
 Each turn: every live env's new observation is tokenized once on arrival and appended to its
 conversation; one jitted call prefills those tokens into the per-row KV cache and samples the
-actions; the sampled ids are written to the trajectory exactly as drawn (TITO), decoded to text,
-and sent to the envs. The result is one `Trajectories` with static shapes.
+actions; each action is cut on the host at its first stop string and at the trajectory's token
+budget (the cache is rolled back to the kept tokens); the kept ids are written to the trajectory
+exactly as drawn (TITO), decoded to text, and sent to the envs. A context-window policy
+(`rollout/context.py`) masks old turns through per-turn attention floors, recorded for the
+learner. The result is one `Trajectories` with static shapes.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from agentrl_jax import types
 from agentrl_jax.envs import base as envs_base
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer
+from agentrl_jax.rollout import context as context_lib
 from agentrl_jax.rollout import sampler as sampler_lib
 from agentrl_jax.rollout import workers as workers_lib
 
@@ -37,6 +41,15 @@ class RolloutConfig:
       `max_len`. Empty = always `max_len`.
     sampling: how actions are drawn.
     workers: how envs are stepped (threads, per-step timeout).
+    max_trajectory_action_tokens: action tokens one trajectory may sample over all its turns
+      (0 = no limit). A turn is cut to what is left; a trajectory that spends it all and is
+      not ended by its env is ended as truncated (done, not successful).
+    context: the context-window policy; anything but 'full' records the per-turn floors in
+      `traj.extras['context_floor']` for the learner (`context.floor_per_token`).
+    cache_windows: ascending cache sizes a turn may be run in: each turn reads and writes only
+      the smallest window that holds every live row's conversation plus the turn (`sample_turn`
+      `window`), so short conversations do not pay for the whole cache. Each window is one more
+      compile per observation bucket. Empty = always the whole cache.
   """
 
   max_turns: int = 10
@@ -45,6 +58,9 @@ class RolloutConfig:
   length_buckets: tuple[int, ...] = ()
   sampling: sampler_lib.SamplingConfig = sampler_lib.SamplingConfig()
   workers: workers_lib.WorkerConfig = workers_lib.WorkerConfig()
+  max_trajectory_action_tokens: int = 0
+  context: context_lib.ContextConfig = context_lib.ContextConfig()
+  cache_windows: tuple[int, ...] = ()
 
   def __post_init__(self):
     if self.max_turns <= 0 or self.max_len <= 0:
@@ -56,6 +72,18 @@ class RolloutConfig:
         not 0 < n <= self.max_len for n in self.length_buckets):
       raise ValueError(f"RolloutConfig.length_buckets must be ascending and within max_len="
                        f"{self.max_len}, got {self.length_buckets}")
+    if self.max_trajectory_action_tokens < 0:
+      raise ValueError(f"RolloutConfig.max_trajectory_action_tokens must be >= 0, got "
+                       f"{self.max_trajectory_action_tokens}")
+    if list(self.cache_windows) != sorted(set(self.cache_windows)) or any(
+        w <= 0 for w in self.cache_windows):
+      raise ValueError(f"RolloutConfig.cache_windows must be positive and strictly ascending, got "
+                       f"{self.cache_windows}")
+    turn_size = self.obs_buckets[-1] + self.sampling.max_action_tokens
+    if self.context.policy == "truncate_oldest" and self.context.max_context_tokens < turn_size:
+      raise ValueError(
+          f"RolloutConfig.context.max_context_tokens={self.context.max_context_tokens} cannot hold "
+          f"one turn (largest observation bucket + max_action_tokens = {turn_size})")
 
   def trimmed_length(self, used: int) -> int:
     """The bucket a batch whose longest conversation has `used` tokens is trimmed to."""
@@ -81,6 +109,8 @@ class RolloutStats:
   env_timeouts: int = 0
   invalid_actions: int = 0
   truncated: int = 0
+  budget_truncated: int = 0
+  stop_string_cuts: int = 0
   seconds: float = 0.0
 
   def as_metrics(self, prefix: str = "rollout/") -> dict[str, float]:
@@ -90,7 +120,9 @@ class RolloutStats:
         f"{prefix}env_errors": self.env_errors, f"{prefix}env_timeouts": self.env_timeouts,
         f"{prefix}invalid_action_rate":
             self.invalid_actions / max(self.turns, 1),
-        f"{prefix}truncated": self.truncated, f"{prefix}tokens_per_s": self.sampled_tokens / secs,
+        f"{prefix}truncated": self.truncated, f"{prefix}budget_truncated": self.budget_truncated,
+        f"{prefix}stop_string_rate": self.stop_string_cuts / max(self.turns, 1),
+        f"{prefix}tokens_per_s": self.sampled_tokens / secs,
         f"{prefix}turns_per_s": self.turns / secs, f"{prefix}seconds": self.seconds,
     }
 
@@ -161,6 +193,15 @@ class RolloutRunner:
     self._stop_ids = set(config.sampling.stop_token_ids)
     self._stepper = workers_lib.EnvStepper(config.workers)
 
+  def make_env(self, factory: workers_lib.EnvFactory, **kwargs):
+    """An env stepped by this runner's workers: a local env, or with `WorkerConfig(kind=
+    'process')` a handle to one built in a worker process (factory: registry name or callable)."""
+    return self._stepper.make_env(factory, **kwargs)
+
+  def close(self) -> None:
+    """Stops the env workers (threads are abandoned, processes are ended)."""
+    self._stepper.close()
+
   def observation_tokens(self, text: str) -> list[int]:
     """The chunk an observation becomes: <|obs|> text <|act|>."""
     tok = self.tokenizer
@@ -209,17 +250,30 @@ class RolloutRunner:
     cache = None
     if actor is None:
       cache = transformer.init_cache(self.model_config, b, cfg.cache_capacity)
+    turn_open = np.zeros((b, cfg.max_turns), np.int32)  # where each turn's observation starts
+    spent = np.zeros(b, np.int32)  # action tokens sampled so far
+    if cfg.context.masks:
+      traj.extras[context_lib.FLOOR_KEY] = np.zeros((b, cfg.max_turns), np.float32)
     for turn in range(cfg.max_turns):
+      turn_open[:, turn] = cursor
       chunks = self._append_observations(traj, observations, active, cursor, turn, stats)
       if not active.any():
         break
+      floor = (self._context_floors(traj, turn_open, cursor, spent, active, turn)
+               if cfg.context.masks else None)
       if actor is None:
         actions, cache = self._policy_actions(params, cache, chunks, active, turn,
-                                              jax.random.fold_in(rng, turn), row_ids)
+                                              jax.random.fold_in(rng, turn), row_ids, floor=floor,
+                                              history=turn_open[:, turn])
       else:
         actions = self._scripted_actions(envs, actor, actor_rng, active)
+      drop = self._cut_actions(actions, active, spent, stats)
+      if cache is not None and drop.any():
+        cache = sampler_lib.rolled_back(cache, drop)
       self._write_actions(traj, actions, active, cursor, turn, stats)
+      spent += traj.turn_end[:, turn] - traj.turn_start[:, turn]
       self._step_envs(envs, traj, actions, observations, active, turn, stats)
+      self._end_spent_trajectories(traj, active, spent, turn, stats)
     for i in np.flatnonzero(active):  # still playing at the turn budget: cut off, not a success
       stats.truncated += 1
       traj.done[i, cfg.max_turns - 1] = True
@@ -246,14 +300,39 @@ class RolloutRunner:
       chunks[i] = ids
     return chunks
 
-  def _policy_actions(self, params, cache, chunks, active, turn, key, row_ids):
+  def _action_budget(self, spent: np.ndarray) -> np.ndarray:
+    """[B] action tokens each row may sample this turn."""
+    cap = self.config.sampling.max_action_tokens
+    total = self.config.max_trajectory_action_tokens
+    return np.minimum(cap, total - spent) if total else np.full(spent.shape, cap)
+
+  def _context_floors(self, traj, turn_open, cursor, spent, active, turn):
+    """[B] context floor of this turn for every live row; recorded for the learner."""
+    budget = self._action_budget(spent)
+    floor = np.zeros(len(cursor), np.int32)
+    for i in np.flatnonzero(active):
+      floor[i] = context_lib.turn_floor(self.config.context, turn_open[i, :turn + 1],
+                                        int(cursor[i] + budget[i]))
+    traj.extras[context_lib.FLOOR_KEY][:, turn] = floor
+    return floor
+
+  def _policy_actions(self, params, cache, chunks, active, turn, key, row_ids, *, floor=None,
+                      history=None):
+    """Samples this turn's actions; `history` [B] is each row's cache length before its chunk."""
     width = _bucket(max(len(c) for c in chunks), self.config.obs_buckets)
     obs = np.zeros((len(chunks), width), np.int32)
     obs_len = np.zeros((len(chunks),), np.int32)
     for i, ids in enumerate(chunks):
       obs[i, :len(ids)] = ids
       obs_len[i] = len(ids)
-    out = self._sample_turn(params, cache, obs, obs_len, active, np.int32(turn), key, row_ids)
+    # Every live row's cache holds its conversation before this chunk; the turn adds at most
+    # width + max_action_tokens (a padded chunk is written whole).
+    window = None
+    if history is not None and self.config.cache_windows:
+      need = int(np.max(np.where(active, history, 0))) + width + self.config.sampling.max_action_tokens
+      window = next((w for w in self.config.cache_windows if need <= w < cache.capacity), None)
+    out = self._sample_turn(params, cache, obs, obs_len, active, np.int32(turn), key, row_ids,
+                            floor=floor, window=window)
     tokens, logprobs, num = jax.device_get((out.tokens, out.logprobs, out.num_tokens))
     actions = [(list(tokens[i, :num[i]]), list(logprobs[i, :num[i]])) for i in range(len(chunks))]
     return actions, out.cache
@@ -269,6 +348,34 @@ class RolloutRunner:
       ids = ids + stop
       actions[i] = (ids, [0.0] * len(ids))
     return actions
+
+  def _cut_actions(self, actions, active, spent, stats) -> np.ndarray:
+    """Ends each action at its first stop string and at the trajectory's budget, in place.
+
+    Returns [B] how many sampled tokens each row dropped (the cache must forget them).
+    """
+    stop_strings = self.config.sampling.stop_strings
+    budget = self._action_budget(spent)
+    drop = np.zeros(len(actions), np.int32)
+    for i in np.flatnonzero(active):
+      ids, logps = actions[i]
+      at_stop = sampler_lib.stop_string_cut(ids, stop_strings, self.action_text)
+      stats.stop_string_cuts += int(at_stop < len(ids))
+      keep = min(at_stop, int(budget[i]))
+      drop[i] = len(ids) - keep
+      actions[i] = (ids[:keep], logps[:keep])
+    return drop
+
+  def _end_spent_trajectories(self, traj, active, spent, turn, stats):
+    """A trajectory whose action budget is spent and whose env played on is cut off here."""
+    total = self.config.max_trajectory_action_tokens
+    if not total:
+      return
+    for i in np.flatnonzero(active & (spent >= total)):
+      active[i] = False
+      traj.done[i, turn] = True
+      stats.truncated += 1
+      stats.budget_truncated += 1
 
   def _write_actions(self, traj, actions, active, cursor, turn, stats):
     for i in np.flatnonzero(active):

@@ -2,13 +2,15 @@
 
 One call per turn for the whole batch. Each trajectory keeps its own cache across turns, so a turn
 prefills only the tokens that arrived since the last one. Sampled ids are returned exactly (TITO)
-with the log-probs of the distribution they were drawn from.
+with their log-probs under the policy the learner scores (`policy_log_probs`: temperature and
+vocabulary restriction; top-k/top-p only narrow which tokens may be drawn). Stop strings are cut
+on the host after the turn (`stop_string_cut`, `rolled_back`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -21,19 +23,29 @@ from agentrl_jax.models import transformer
 class SamplingConfig:
   """How action tokens are drawn.
 
+  Top-k and top-p only choose which tokens may be drawn; the recorded log-prob of a drawn token
+  is under the tempered (and vocabulary-restricted) distribution, the one the learner recomputes.
+
   Attributes:
     temperature: softmax temperature; 0 means greedy (arg-max).
     top_k: keep only the k most likely tokens (0 = all).
+    top_p: nucleus sampling: keep the smallest set of most likely tokens whose mass (after
+      temperature and top-k, renormalised) is ≥ top_p; 1.0 = off.
     max_action_tokens: per-turn token cap; the turn ends there even without a stop token.
     stop_token_ids: a sampled stop token ends the turn (it is kept as an action token).
+    stop_strings: the turn ends at the first token whose decoded text completes one of these
+      strings; that token is kept and the rest of the turn is dropped (cut on the host, since
+      decoding is jitted: `stop_string_cut`).
     allowed_token_ids: restrict the action vocabulary (constrained decoding), or None for all.
       The learner applies the same restriction, so training log-probs match sampling log-probs.
   """
 
   temperature: float = 1.0
   top_k: int = 0
+  top_p: float = 1.0
   max_action_tokens: int = 32
   stop_token_ids: tuple[int, ...] = ()
+  stop_strings: tuple[str, ...] = ()
   allowed_token_ids: tuple[int, ...] | None = None
 
   def __post_init__(self):
@@ -41,6 +53,15 @@ class SamplingConfig:
       raise ValueError(f"SamplingConfig.temperature must be >= 0, got {self.temperature}")
     if self.top_k < 0:
       raise ValueError(f"SamplingConfig.top_k must be >= 0, got {self.top_k}")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
+    if isinstance(self.stop_strings, str):
+      raise ValueError(f"SamplingConfig.stop_strings must be a tuple of strings, got the string "
+                       f"{self.stop_strings!r}")
+    # gin passes lists; a tuple keeps the config hashable.
+    object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+    if not all(isinstance(s, str) and s for s in self.stop_strings):
+      raise ValueError(f"SamplingConfig.stop_strings must be non-empty strings, got {self.stop_strings!r}")
     if self.max_action_tokens <= 0:
       raise ValueError(f"SamplingConfig.max_action_tokens must be positive, got {self.max_action_tokens}")
     if self.allowed_token_ids is not None and not self.allowed_token_ids:
@@ -80,6 +101,19 @@ class TurnSample(NamedTuple):
   cache: transformer.KVCache
 
 
+def nucleus_filter(logp: jax.Array, top_p: float) -> jax.Array:
+  """Sets to -1e30 the log-probs [..., V] outside the smallest top set whose mass is ≥ top_p.
+
+  `logp` must be normalised. In descending order, token i is kept iff the mass strictly before
+  it is < top_p, so the most likely token is always kept.
+  """
+  ordered = jnp.flip(jnp.sort(logp, axis=-1), axis=-1)
+  probs = jnp.exp(ordered)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  threshold = jnp.min(jnp.where(mass_before < top_p, ordered, jnp.inf), axis=-1, keepdims=True)
+  return jnp.where(logp < threshold, -1e30, logp)
+
+
 def _draw(keys: jax.Array, logp: jax.Array, config: SamplingConfig) -> jax.Array:
   """One token per row; row i draws with keys[i] only, so its draw never depends on the batch."""
   if config.temperature == 0:
@@ -87,6 +121,9 @@ def _draw(keys: jax.Array, logp: jax.Array, config: SamplingConfig) -> jax.Array
   if config.top_k:
     kth = jax.lax.top_k(logp, config.top_k)[0][..., -1:]
     logp = jnp.where(logp < kth, -1e30, logp)
+  if config.top_p < 1:
+    # The nucleus is taken over what top-k left, renormalised.
+    logp = nucleus_filter(jax.nn.log_softmax(logp, axis=-1), config.top_p)
   return jax.vmap(jax.random.categorical)(keys, logp).astype(jnp.int32)
 
 
@@ -102,7 +139,8 @@ def row_keys(rng: jax.Array, row_ids: jax.Array) -> jax.Array:
 def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KVCache,
                 obs_tokens: jax.Array, obs_len: jax.Array, active: jax.Array, turn: jax.Array,
                 rng: jax.Array, row_ids: jax.Array | None = None, *, config: SamplingConfig,
-                vocab_size: int) -> TurnSample:
+                vocab_size: int, floor: jax.Array | None = None,
+                window: int | None = None) -> TurnSample:
   """Prefills each row's new observation, then samples up to `max_action_tokens` action tokens.
 
   Args:
@@ -116,18 +154,28 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
     row_ids: [B] global row ids that seed each row's draws (default: 0..B-1).
     config: sampling rules (static).
     vocab_size: V (static).
+    floor: [B] int32 context floor of this turn (`rollout/context.py`): the first absolute
+      position its tokens may attend to; None attends to the whole cache.
+    window: static; if given, the turn reads and writes only the first `window` cache slots,
+      which must hold every row's cache.length + T + max_action_tokens (the caller's bound; a
+      write past the window would be clamped). Attention and cache copies then cost O(window)
+      instead of O(capacity), which is most of a turn's cost while the conversation is short.
   Returns:
     TurnSample; tokens past a row's `num_tokens` are padding (0).
   """
   model = nnx.merge(graphdef, params)
+  full = cache
+  if window is not None and window < cache.capacity:
+    cache = cache.replace(k=cache.k[:, :, :window], v=cache.v[:, :, :window])
   allowed = vocabulary_mask(vocab_size, config.allowed_token_ids)
   b, t = obs_tokens.shape
   keys = row_keys(rng, jnp.arange(b, dtype=jnp.int32) if row_ids is None else row_ids)
   obs_len = jnp.where(active, obs_len, 0)
+  floor_of = lambda width: None if floor is None else jnp.broadcast_to(floor[:, None], (b, width))
   chunk_pos = transformer.Positions(
       position=cache.length[:, None] + jnp.arange(t, dtype=jnp.int32),
       turn=jnp.full((b, t), turn, jnp.int32),
-      slot=jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)))
+      slot=jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), floor=floor_of(t))
   logits, cache = model(obs_tokens, chunk_pos, cache)
   cache = cache.replace(length=cache.length + obs_len)
   last = jnp.take_along_axis(logits, jnp.maximum(obs_len - 1, 0)[:, None, None], axis=1)[:, 0]
@@ -141,7 +189,7 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
     emit = ~finished
     token = jnp.where(emit, token, 0)
     pos = transformer.Positions(position=cache.length[:, None], turn=jnp.full((b, 1), turn, jnp.int32),
-                                slot=slot[:, None])
+                                slot=slot[:, None], floor=floor_of(1))
     next_logits, cache = model(token[:, None], pos, cache)
     cache = cache.replace(length=cache.length + emit.astype(jnp.int32))
     finished = finished | jnp.isin(token, stops)
@@ -151,15 +199,50 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
   init = (cache, last, ~active, obs_len.astype(jnp.int32))
   (cache, _, _, _), (tokens, logprobs, emitted) = jax.lax.scan(
       decode_step, init, jnp.arange(config.max_action_tokens))
+  if cache is not full and cache.capacity < full.capacity:
+    cache = full.replace(k=full.k.at[:, :, :window].set(cache.k),
+                         v=full.v.at[:, :, :window].set(cache.v), length=cache.length)
   return TurnSample(tokens=tokens.T, logprobs=logprobs.T,
                     num_tokens=emitted.sum(axis=0).astype(jnp.int32), cache=cache)
 
 
 def make_turn_sampler(graphdef: nnx.GraphDef, config: SamplingConfig, vocab_size: int):
-  """Returns the jitted `sample_turn` with the static parts bound; the cache is donated."""
+  """Returns the jitted `sample_turn` with the static parts bound; the cache is donated.
 
-  def fn(params, cache, obs_tokens, obs_len, active, turn, rng, row_ids=None):
+  The returned fn(params, cache, obs_tokens, obs_len, active, turn, rng, row_ids=None, *,
+  floor=None, window=None) compiles once per (chunk width, window), and once more if a floor is
+  passed; `window` is static (`sample_turn`).
+  """
+
+  def fn(params, cache, obs_tokens, obs_len, active, turn, rng, row_ids=None, *, floor=None,
+         window=None):
     return sample_turn(graphdef, params, cache, obs_tokens, obs_len, active, turn, rng, row_ids,
-                       config=config, vocab_size=vocab_size)
+                       config=config, vocab_size=vocab_size, floor=floor, window=window)
 
-  return jax.jit(fn, donate_argnums=(1,))
+  return jax.jit(fn, donate_argnums=(1,), static_argnames=("window",))
+
+
+def rolled_back(cache: transformer.KVCache, drop: jax.Array) -> transformer.KVCache:
+  """The cache without the last `drop[b]` tokens of each row.
+
+  Attention needs no erasing: the next chunk is written at `length` and its queries sit at
+  `length + i`, so stale keys past them are in the future (masked as causal) and the rest are
+  overwritten before they are read.
+  """
+  return cache.replace(length=cache.length - jnp.asarray(drop, jnp.int32))
+
+
+def stop_string_cut(ids: Sequence[int], stop_strings: Sequence[str],
+                    decode: Callable[[Sequence[int]], str]) -> int:
+  """How many of `ids` to keep: through the first token whose prefix text holds a stop string.
+
+  Decodes prefixes incrementally (a token's text can depend on its neighbours, so each prefix is
+  decoded whole); returns len(ids) when no stop string occurs.
+  """
+  if not stop_strings or not any(s in decode(ids) for s in stop_strings):
+    return len(ids)
+  for n in range(1, len(ids) + 1):
+    text = decode(ids[:n])
+    if any(s in text for s in stop_strings):
+      return n
+  return len(ids)

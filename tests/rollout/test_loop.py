@@ -13,6 +13,7 @@ from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer as tfm
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
+from agentrl_jax.rollout import workers as workers_lib
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +179,81 @@ def test_a_row_samples_the_same_tokens_whatever_batch_it_is_in(tok, model):
   other, _ = runner.collect([registry.make("frozenlake") for _ in range(2)], [4, 5], [4, 5],
                             params=model[2], rng=jax.random.key(3))
   assert not np.array_equal(other.tokens[:, :width], full.tokens[4:, :width])
+
+
+def _action_spans(traj):
+  for b, k in zip(*np.nonzero(traj.turn_mask)):
+    yield b, k, traj.tokens[b, traj.turn_start[b, k]:traj.turn_end[b, k]]
+
+
+def test_stop_strings_cut_the_turn_and_tito_holds(tok, model):
+  stops = ("o", "5")
+  sampling = sampler_lib.SamplingConfig(max_action_tokens=6, stop_token_ids=(tok.end_id,),
+                                        stop_strings=stops)
+  runner = _runner(tok, model, sampling)
+  traj, stats = _collect(runner, model[2], n=4, key=3)
+  traj.validate()
+  cut = 0
+  for _, _, span in _action_spans(traj):
+    text = runner.action_text(span)
+    assert 1 <= len(span) <= 6
+    if any(s in text for s in stops):
+      # Kept through the token that completes the first stop string, nothing after it.
+      assert not any(s in runner.action_text(span[:-1]) for s in stops)
+      cut += len(span) < 6
+    else:
+      assert len(span) == 6 or span[-1] == tok.end_id
+  assert cut > 0  # the babbling policy hits "o" or "5" early in some turns
+  assert stats.as_metrics()["rollout/stop_string_rate"] >= cut / stats.turns
+  # TITO across turns: the dropped tokens left neither the trajectory nor the KV cache (a stale
+  # cache would shift every later turn's log-probs away from the full pass).
+  replay = _replayed_log_probs(model, traj, None, 60)
+  np.testing.assert_allclose(replay[traj.action_mask], traj.sample_logprob[traj.action_mask], atol=1e-4)
+
+
+def test_trajectory_action_budget_truncates(tok, model):
+  sampling = sampler_lib.SamplingConfig(max_action_tokens=3)
+  runner = _runner(tok, model, sampling, max_trajectory_action_tokens=7)
+  traj, stats = _collect(runner, model[2], n=4, key=2)
+  spent = traj.action_mask.sum(axis=1)
+  # 3 + 3 + 1: the third turn is cut to the one token left, then the trajectory ends.
+  assert (spent <= 7).all()
+  for b in range(4):
+    last = np.flatnonzero(traj.turn_mask[b])[-1]
+    assert traj.done[b, last]
+    if spent[b] == 7:
+      assert traj.turn_end[b, last] - traj.turn_start[b, last] == 1 and not traj.success[b]
+  # Every budget cut-off spent all 7 tokens (an env may also end on the turn that spends them).
+  assert stats.truncated >= stats.budget_truncated > 0 and stats.budget_truncated <= (spent == 7).sum()
+  replay = _replayed_log_probs(model, traj, None, 7)
+  np.testing.assert_allclose(replay[traj.action_mask], traj.sample_logprob[traj.action_mask], atol=1e-4)
+  with pytest.raises(ValueError, match="max_trajectory_action_tokens"):
+    loop_lib.RolloutConfig(max_trajectory_action_tokens=-1)
+
+
+def test_process_workers_play_the_same_rollout_as_local_envs(tok, model):
+  sampling = sampler_lib.SamplingConfig(max_action_tokens=2)
+  local, _ = _collect(_runner(tok, model, sampling), model[2], n=3, key=7)
+  runner = _runner(tok, model, sampling, workers=workers_lib.WorkerConfig(
+      kind="process", num_processes=2, step_timeout_s=20))
+  try:
+    envs = [runner.make_env("frozenlake") for _ in range(3)]
+    remote, stats = runner.collect(envs, [0, 1, 2], [0, 1, 2], params=model[2], rng=jax.random.key(7))
+  finally:
+    runner.close()
+  assert stats.env_errors == 0
+  for name in ("tokens", "sample_logprob", "reward", "done", "obs_hash", "action_valid"):
+    np.testing.assert_array_equal(getattr(remote, name), getattr(local, name), err_msg=name)
+
+
+def test_cache_windows_sample_what_the_whole_cache_samples(tok, model):
+  # Conversations grow past 64 and 128 tokens, so turns run in both windows and then in the
+  # whole cache (capacity 160 + 48 + 2); keys beyond a row's length are masked either way.
+  sampling = sampler_lib.SamplingConfig(max_action_tokens=2)
+  whole, _ = _collect(_runner(tok, model, sampling), model[2], n=3, key=9)
+  windowed, _ = _collect(_runner(tok, model, sampling, cache_windows=(64, 128)), model[2], n=3, key=9)
+  assert (whole.turn_of_token >= 0).sum(axis=1).max() > 128
+  np.testing.assert_array_equal(windowed.tokens, whole.tokens)
+  np.testing.assert_allclose(windowed.sample_logprob, whole.sample_logprob, atol=1e-6)
+  with pytest.raises(ValueError, match="cache_windows"):
+    loop_lib.RolloutConfig(cache_windows=(128, 64))
