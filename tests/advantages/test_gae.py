@@ -11,16 +11,27 @@ import pytest
 from agentrl_jax.advantages import gae
 
 B, L = 3, 9
-METHODS = ("scan", "associative")
-# Jitted once per method and reused, so equal shapes across tests share one compile.
-GAE = {m: jax.jit(functools.partial(gae.generalized_advantage_estimation, method=m))
-       for m in METHODS}
+METHODS = ("scan", "associative", "blocked")
+# Jitted once per method and reused, so equal shapes across tests share one compile. Scalar γ, λ
+# are static (the blocked method needs them as Python numbers); array ones are traced.
+_STATIC = {m: jax.jit(functools.partial(gae.generalized_advantage_estimation, method=m),
+                      static_argnums=(3, 4)) for m in METHODS}
+_TRACED = {m: jax.jit(functools.partial(gae.generalized_advantage_estimation, method=m))
+           for m in METHODS}
+
+
+def run_gae(method, rewards, values, mask, discount, lambda_):
+  table = _STATIC if np.isscalar(discount) and np.isscalar(lambda_) else _TRACED
+  return table[method](rewards, values, mask, discount, lambda_)
+
+
+GAE = {m: functools.partial(run_gae, m) for m in METHODS}
 
 
 def _maybe_jit(fn, jit, **static):
   if not jit:
     return lambda *args: fn(*args, **static)
-  return jax.jit(lambda *args: fn(*args, **static))
+  return jax.jit(lambda *args: fn(*args, **static), static_argnums=(3, 4))
 
 
 def gae_loop(rewards, values, mask, discount, lambda_):
@@ -80,6 +91,8 @@ def test_matches_numpy_loop(method):
     # Per-token discounts exercise the array form (termination inside the row).
     discount = (0.97 * (rng.rand(B, L) > 0.2)).astype(np.float32)
     for gamma, lam in [(0.9, 0.8), (1.0, 1.0), (discount, 0.7)]:
+      if method == "blocked" and not np.isscalar(gamma):
+        continue  # array discounts are the scan's (test_blocked_needs_static_scalars)
       want_a, want_r = gae_loop(rewards, values, mask, gamma, lam)
       out = fn(rewards, values, mask, gamma, lam)
       np.testing.assert_allclose(out.advantages, want_a, atol=1e-5, err_msg=name)
@@ -136,16 +149,56 @@ def test_concatenated_episodes_equal_per_episode_results():
                              np.concatenate([e1.advantages, e2.advantages], 1), atol=1e-6)
 
 
-def test_no_retrace_on_new_values():
+@pytest.mark.parametrize("method", METHODS)
+def test_no_retrace_on_new_values(method):
+  chex.clear_trace_counter()  # the counter is keyed by the code of `run`, shared by the params
+
   @jax.jit
   @chex.assert_max_traces(n=1)
-  def run(rewards, values, mask):
-    return gae.generalized_advantage_estimation(rewards, values, mask, 0.99, 0.95)
+  def run(rewards, values, mask):  # γ, λ are Python constants: static by construction
+    return gae.generalized_advantage_estimation(rewards, values, mask, 0.99, 0.95, method=method)
 
   rng = np.random.RandomState(4)
-  mask = _masks(rng)["random"]
   for _ in range(3):
-    run(rng.randn(B, L).astype(np.float32), rng.randn(B, L).astype(np.float32), mask)
+    run(rng.randn(B, L).astype(np.float32), rng.randn(B, L).astype(np.float32),
+        rng.rand(B, L) > 0.4)
+
+
+@pytest.mark.parametrize("gamma,lam", [(0.99, 0.95), (1.0, 1.0), (0.9, 0.5), (0.002, 0.5)])
+def test_blocked_matches_scan_on_long_rows(gamma, lam):
+  # Several blocks per row, a length that is not a multiple of the block, long masked and
+  # unmasked runs (whole blocks without a policy token), γλ down to the supported bounds.
+  rng = np.random.RandomState(8)
+  b, t_len = 4, 8 * 9 + 5
+  rewards = rng.randn(b, t_len).astype(np.float32)
+  values = rng.randn(b, t_len).astype(np.float32)
+  mask = rng.rand(b, t_len) > 0.5
+  mask[0, 10:40] = False
+  mask[1, :] = True
+  mask[2, 30:] = False
+  want_a, want_r = gae_loop(rewards, values, mask, gamma, lam)
+  for method in ("blocked", "auto", "associative"):
+    out = jax.jit(functools.partial(gae.generalized_advantage_estimation, method=method),
+                  static_argnums=(3, 4))(rewards, values, mask, gamma, lam)
+    np.testing.assert_allclose(out.advantages, want_a, atol=1e-5, err_msg=method)
+    np.testing.assert_allclose(out.returns, want_r, atol=1e-5, err_msg=method)
+
+
+def test_blocked_needs_static_scalars_and_auto_falls_back():
+  rng = np.random.RandomState(9)
+  rewards = rng.randn(2, 70).astype(np.float32)
+  values = rng.randn(2, 70).astype(np.float32)
+  mask = np.ones((2, 70), bool)
+  discount = np.full((2, 70), 0.9, np.float32)
+  with pytest.raises(ValueError, match="method 'blocked' needs Python scalars"):
+    gae.generalized_advantage_estimation(rewards, values, mask, discount, 0.9, method="blocked")
+  with pytest.raises(ValueError, match=r"lambda_=0\.0"):
+    gae.generalized_advantage_estimation(rewards, values, mask, 0.9, 0.0, method="blocked")
+  # "auto" takes the scan for an array discount, λ = 0 (TD(0)) and small λ: the results stay exact.
+  for gamma, lam in [(discount, 0.9), (0.9, 0.0), (0.9, 0.2)]:
+    out = gae.generalized_advantage_estimation(rewards, values, mask, gamma, lam)
+    want_a, _ = gae_loop(rewards, values, mask, gamma, lam)
+    np.testing.assert_allclose(out.advantages, want_a, atol=1e-5)
 
 
 def test_contract_checks_and_bad_method():

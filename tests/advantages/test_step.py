@@ -1,6 +1,7 @@
 """Tests for agentrl_jax.advantages.step (GiGPO, GAGPO)."""
 
 import collections
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -79,16 +80,61 @@ def test_anchor_hashes_shift_observations():
                                 [[3, 5, 9], [8, 7, 7]])
 
 
-def test_step_groups_are_dense_and_respect_groups():
+def step_groups_loop(gid, anchors, mask):
+  """NumPy reference: a dict from (group, anchor hash) to the first row (row-major) holding it."""
+  b_size, n = anchors.shape
+  first = {}
+  ids = np.zeros((b_size, n), np.int32)
+  for b in range(b_size):
+    for k in range(n):
+      key = (int(gid[b]), int(anchors[b, k])) if mask[b, k] else "missing"
+      ids[b, k] = first.setdefault(key, b * n + k)
+  return ids
+
+
+def test_step_groups_hand_checked():
+  # Rows (flat index b·2 + k): (0,0)=0 g0 h4, (0,1)=1 g0 h6, (1,0)=2 g0 h4, (1,1)=3 missing,
+  # (2,0)=4 g1 h4, (2,1)=5 g1 h6. Same group and anchor: rows 0 and 2 -> id 0; anchor 4 in
+  # group 1 is another state -> id 4; the missing turn gets its own id 3.
   gid = jnp.array([0, 0, 1], jnp.int32)
   anchors = jnp.array([[4, 6], [4, 7], [4, 6]], jnp.int32)
   mask = jnp.array([[1, 1], [1, 0], [1, 1]], bool)
-  ids = np.asarray(STEP_GROUPS(gid, anchors, mask))
-  assert ids[0, 0] == ids[1, 0]  # same group, same anchor
-  assert ids[0, 0] != ids[2, 0]  # same anchor, different group
-  assert len({ids[0, 0], ids[0, 1], ids[2, 0], ids[2, 1]}) == 4
-  assert ids[1, 1] not in {ids[0, 0], ids[0, 1], ids[2, 0], ids[2, 1]}  # missing turn
-  assert ids.max() < 6
+  np.testing.assert_array_equal(STEP_GROUPS(gid, anchors, mask), [[0, 1], [0, 3], [4, 5]])
+
+
+CASES = ["few_states", "all_distinct", "extreme_values", "none_exist"]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("table_factor", [0.25, 2])
+def test_step_groups_against_dict_loop(case, table_factor):
+  rng = np.random.RandomState(CASES.index(case))
+  b, n = 64, 9
+  gid = rng.randint(0, 8, size=b).astype(np.int32)
+  mask = np.arange(n)[None, :] < rng.randint(0, n + 1, size=b)[:, None]
+  if case == "few_states":
+    anchors = rng.randint(0, 4, size=(b, n))
+  elif case == "all_distinct":  # ~290 keys in 256 or 2048 slots: collisions, several rounds
+    anchors = rng.randint(-2**31, 2**31 - 1, size=(b, n))
+  elif case == "extreme_values":
+    anchors = rng.choice([-2**31, -1, 0, 1, 2**31 - 1], size=(b, n))
+    gid = rng.choice([0, 2**31 - 1], size=b).astype(np.int32)
+  else:
+    anchors = rng.randint(0, 4, size=(b, n))
+    mask = np.zeros((b, n), bool)
+  anchors = anchors.astype(np.int32)
+  fn = jax.jit(functools.partial(step.step_groups, table_factor=table_factor))
+  np.testing.assert_array_equal(fn(gid, anchors, mask), step_groups_loop(gid, anchors, mask))
+
+
+def test_step_groups_no_jit_and_bad_table():
+  gid = np.array([0, 0], np.int32)
+  anchors = np.array([[1, 2], [2, 1]], np.int32)
+  mask = np.ones((2, 2), bool)
+  np.testing.assert_array_equal(step.step_groups(gid, anchors, mask),
+                                step_groups_loop(gid, anchors, mask))
+  with pytest.raises(ValueError, match="table_factor must be > 0, got 0"):
+    step.step_groups(gid, anchors, mask, table_factor=0)
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["nojit", "jit"])
