@@ -52,3 +52,9 @@ def move(source: str | os.PathLike[str], destination: str | os.PathLike[str]) ->
   target = epath.Path(os.fspath(destination))
   target.parent.mkdir(parents=True, exist_ok=True)
   epath.Path(os.fspath(source)).rename(target)
+
+
+def makedirs(path: str | os.PathLike[str]) -> None:
+  """Creates a directory and its parents (on an object store, where directories are implicit,
+  nothing is created that a later write would not create anyway)."""
+  epath.Path(os.fspath(path)).mkdir(parents=True, exist_ok=True)

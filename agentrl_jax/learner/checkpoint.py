@@ -324,8 +324,10 @@ def _flat_arrays(tree: PyTree) -> tuple[list[str], list[Any]]:
 
 def _fingerprint_values(leaves: list[Any]) -> list[int | None]:
   """Fingerprints of the array-like leaves, None for the others (e.g. strings)."""
-  fingerprints = [_jitted_leaf_fingerprint(jnp.asarray(x)) for x in leaves if _is_array_like(x)]
-  values = iter(int(v) for v in jax.device_get(fingerprints))
+  # One leaf at a time: many small programs in flight whose collectives span different device
+  # subsets can deadlock the CPU backend's rendezvous (fake devices share a few threads).
+  values = iter(int(jax.device_get(_jitted_leaf_fingerprint(jnp.asarray(x))))
+                for x in leaves if _is_array_like(x))
   return [next(values) if _is_array_like(x) else None for x in leaves]
 
 

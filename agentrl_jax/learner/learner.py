@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 
 from agentrl_jax import config_errors
 from agentrl_jax import files
@@ -247,30 +248,29 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     viewer_pipelines = viewer_report.make_pipelines(viewer, extra=own)
 
   rules = rules_lib.logical_rules("train")
+  loaded_params = None
   if init_from:
     shardings = (None if device_mesh is None else
                  functools.partial(rules_lib.param_shardings, mesh=device_mesh, rules=rules))
     try:
-      _, policy_graphdef, policy_params = hf.load(init_from, shardings=shardings, expect=model)
+      _, policy_graphdef, loaded_params = hf.load(init_from, shardings=shardings, expect=model)
     except ValueError as e:
       raise config_errors.ConfigError(f"learner.train.init_from: {e}") from e
   else:
-    policy_graphdef, policy_params = transformer.create(model, config.seed)
-  critic_graphdef = critic_params = None
+    policy_graphdef = _graphdef(model, config.seed)
+  critic_cfg = critic_graphdef = None
   if config.use_critic:
     critic_cfg = dataclasses.replace(critic_model or model, vocab_size=tok.vocab_size, head="value")
-    critic_graphdef, critic_params = transformer.create(critic_cfg, config.seed + 1)
+    critic_graphdef = _graphdef(critic_cfg, config.seed + 1)
   updates_per_iteration = loss.ppo_epochs * loss.num_minibatches
   policy_opt = make_optimizer(optim, config.num_iterations * updates_per_iteration)
   critic_opt = make_optimizer(critic_optim, config.num_iterations * updates_per_iteration) if config.use_critic else None
-  state = types.ActorCriticState(
-      step=jnp.zeros((), jnp.int32), rng=jax.random.key_data(jax.random.key(config.seed)),
-      policy_params=policy_params, policy_opt_state=policy_opt.init(policy_params),
-      critic_params=critic_params,
-      critic_opt_state=critic_opt.init(critic_params) if config.use_critic else None,
-      ref_params=policy_params if loss.kl_coef > 0 else None)
-  if device_mesh is not None:
-    state = rules_lib.shard_state(state, device_mesh, rules)
+  init = functools.partial(_initial_state, model=model, critic_cfg=critic_cfg, seed=config.seed,
+                           policy_opt=policy_opt, critic_opt=critic_opt, keep_ref=loss.kl_coef > 0)
+  if device_mesh is None:
+    state = init(loaded_params)
+  else:
+    state = rules_lib.create_sharded(init, device_mesh, rules, loaded_params)
     param_shardings = rules_lib.param_shardings(state.policy_params, device_mesh, rules)
     if multihost.is_writer():
       print(rules_lib.sharding_table(state.policy_params, param_shardings), flush=True)
@@ -330,6 +330,8 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     writer.write(0, {f"{k}_warm_start": v for k, v in after_ws.items()})
     print(f"Held-out greedy success after the warm start: {extra['success_after_warm_start']:.3f}",
           flush=True)
+    # Memories filled during the warm start (SLEA's library) must survive a kill right after it.
+    extra["credit_state"] = [_json_state(m.state_dict()) for m in stateful]
     ckpt.save(0, state, extra)
 
   progress = metrics_lib.ProgressBar(total=config.num_iterations, initial=extra["iteration"],
@@ -385,6 +387,27 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
       preempted=preempted)
   _print_summary(summary, evaluation)
   return summary
+
+
+def _graphdef(model: transformer.TransformerConfig, seed: int):
+  """The module structure alone: built abstractly, so no parameter is allocated for it."""
+  abstract = nnx.eval_shape(lambda: transformer.Transformer(model, nnx.Rngs(params=seed)))
+  return nnx.split(abstract, nnx.Param)[0]
+
+
+def _initial_state(policy_params, *, model, critic_cfg, seed: int, policy_opt, critic_opt,
+                   keep_ref: bool) -> types.ActorCriticState:
+  """Step 0 of a run (under jit on a mesh, so it is created sharded); `policy_params` are loaded
+  weights, or None to initialise them from `seed`."""
+  if policy_params is None:
+    policy_params = transformer.create(model, seed)[1]
+  critic_params = transformer.create(critic_cfg, seed + 1)[1] if critic_cfg is not None else None
+  return types.ActorCriticState(
+      step=jnp.zeros((), jnp.int32), rng=jax.random.key_data(jax.random.key(seed)),
+      policy_params=policy_params, policy_opt_state=policy_opt.init(policy_params),
+      critic_params=critic_params,
+      critic_opt_state=critic_opt.init(critic_params) if critic_cfg is not None else None,
+      ref_params=policy_params if keep_ref else None)
 
 
 def _json_state(state: dict[str, Any]) -> dict[str, Any]:

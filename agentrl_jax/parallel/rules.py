@@ -117,10 +117,16 @@ def shard_state(state: Any, mesh: jax.sharding.Mesh, rules: Rules | None = None)
   return jax.device_put(state, state_shardings(state, mesh, rules))
 
 
-def create_sharded(init: Callable[[], Any], mesh: jax.sharding.Mesh, rules: Rules | None = None) -> Any:
-  """Runs `init()` under jit with the rules' output shardings: the state is born sharded."""
-  shapes = jax.eval_shape(init)
-  return jax.jit(init, out_shardings=state_shardings(shapes, mesh, rules))()
+def create_sharded(init: Callable[..., Any], mesh: jax.sharding.Mesh, rules: Rules | None = None,
+                   *args) -> Any:
+  """Runs `init(*args)` under jit with the rules' output shardings: the state is born sharded.
+
+  No device ever holds the whole state (what lets a 7B policy and its optimizer state start on
+  a slice whose chips each hold a fraction). Arrays in `args` (loaded weights) are inputs, not
+  constants baked into the program.
+  """
+  shapes = jax.eval_shape(init, *args)
+  return jax.jit(init, out_shardings=state_shardings(shapes, mesh, rules))(*args)
 
 
 def constrain(x: jax.Array, logical_axes: tuple[str | None, ...], rules: Rules | None = None) -> jax.Array:
