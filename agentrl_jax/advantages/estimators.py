@@ -139,16 +139,18 @@ def gae(traj: types.Trajectories, values: Array | None, *,
 def gigpo(traj: types.Trajectories, values: Array | None = None, *,
           discount: float = 0.95, step_weight: float = 1.0, mode: str = "mean_norm",
           eps: float = 1e-6, episode_stats_over: str = "step_rows",
-          num_groups: int | None = None) -> AdvantageOutput:
+          num_groups: int | None = None, anchor_key: str | None = None) -> AdvantageOutput:
   """GiGPO (§A.6): episode advantage of `traj.outcome` plus anchor-state step advantages.
 
   Step rewards are `traj.reward`; anchors come from `traj.obs_hash` shifted by one turn, with
-  `traj.extras["initial_obs_hash"]` (or a shared constant) for the first turn (see `step`).
+  `traj.extras["initial_obs_hash"]` (or a shared constant) for the first turn (see `step`), or
+  from `traj.extras[anchor_key]` when given (e.g. SLEA's 'anchor_state_key' clusters).
   Hyperparameters as in `step.gigpo_advantages`; defaults follow verl-agent.
   """
   del values  # critic-free
   out = step.gigpo_advantages(
-      jnp.asarray(traj.outcome), jnp.asarray(traj.reward), step.trajectory_anchor_hashes(traj),
+      jnp.asarray(traj.outcome), jnp.asarray(traj.reward),
+      step.trajectory_anchor_hashes(traj, anchor_key),
       jnp.asarray(traj.turn_mask), jnp.asarray(traj.group_id), num_groups, discount=discount,
       step_weight=step_weight, mode=mode, eps=eps, episode_stats_over=episode_stats_over,
       weights=jnp.asarray(traj.valid_trajectory))
@@ -157,14 +159,15 @@ def gigpo(traj: types.Trajectories, values: Array | None = None, *,
 
 def gagpo(traj: types.Trajectories, values: Array | None = None, *,
           discount: float = 0.95, lambda_: float = 0.95, eps: float = 1e-6,
-          singleton: str = "time_baseline") -> AdvantageOutput:
+          singleton: str = "time_baseline", anchor_key: str | None = None) -> AdvantageOutput:
   """GAGPO (§B.14): turn-level GAE on the grouped value proxy, normalised per group.
 
   Pair it with the action-level ratio `losses.policy.turn_mean_log_ratio` in the loss.
   """
   del values  # critic-free
   out = step.gagpo_advantages(
-      jnp.asarray(traj.reward), step.trajectory_anchor_hashes(traj), jnp.asarray(traj.turn_mask),
+      jnp.asarray(traj.reward), step.trajectory_anchor_hashes(traj, anchor_key),
+      jnp.asarray(traj.turn_mask),
       jnp.asarray(traj.group_id), discount=discount, lambda_=lambda_, eps=eps,
       singleton=singleton, weights=jnp.asarray(traj.valid_trajectory))
   return _turn_output(traj, out.advantages)

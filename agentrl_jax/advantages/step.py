@@ -345,8 +345,21 @@ def gagpo_advantages(
   return GAGPOOutput(advantages=normalized, raw_advantages=raw, state_values=values)
 
 
-def trajectory_anchor_hashes(traj: types.Trajectories) -> Array:
-  """`anchor_hashes` of a batch, with the initial hash from `traj.extras` when present."""
+def trajectory_anchor_hashes(traj: types.Trajectories, anchor_key: str | None = None) -> Array:
+  """`anchor_hashes` of a batch, with the initial hash from `traj.extras` when present.
+
+  With `anchor_key`, `traj.extras[anchor_key]` ([B, N], the key of the state each turn acts
+  from, e.g. SLEA's structural cluster) is the anchor instead of the exact observation hash.
+  """
+  if anchor_key is not None:
+    if anchor_key not in traj.extras:
+      raise ValueError(f"anchor_key={anchor_key!r} is not in traj.extras (have "
+                       f"{sorted(traj.extras)}); the env must report it in each step's info")
+    keys = jnp.asarray(traj.extras[anchor_key])
+    if keys.shape != traj.obs_hash.shape:
+      raise ValueError(f"traj.extras[{anchor_key!r}] has shape {keys.shape}; anchors are per turn "
+                       f"{traj.obs_hash.shape}")
+    return keys.astype(jnp.int32)
   initial = traj.extras.get(INITIAL_OBS_HASH_KEY)
   if initial is not None:
     initial = jnp.asarray(initial)

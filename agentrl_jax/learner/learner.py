@@ -94,7 +94,11 @@ def _credit_pipeline(config: configs.TrainConfig, reward_shapers, corrections) -
 
 
 def _max_actions(rollout: loop_lib.RolloutConfig) -> int:
-  return rollout.max_turns * rollout.sampling.max_action_tokens
+  """An upper bound on one trajectory's action tokens (the learner's head reads only these)."""
+  bound = rollout.max_turns * rollout.sampling.max_action_tokens
+  if rollout.max_trajectory_action_tokens:
+    bound = min(bound, rollout.max_trajectory_action_tokens)
+  return bound
 
 
 def _task_batch(config: configs.TrainConfig, iteration: int) -> tuple[list[int], list[int]]:
@@ -154,7 +158,7 @@ def _iteration_metrics(traj: types.Trajectories, stats: loop_lib.RolloutStats) -
                                 "outcome": traj.outcome.astype(np.float32),
                                 "turns": traj.turn_mask.sum(axis=1).astype(np.float32)})
   counters = ("episodes", "turns", "sampled_tokens", "env_errors", "env_timeouts",
-              "invalid_actions", "truncated")
+              "invalid_actions", "truncated", "budget_truncated", "stop_string_cuts")
   totals = multihost.gather_rows(np.asarray([[getattr(stats, c) for c in counters]], np.int64)).sum(0)
   seconds = float(multihost.gather_rows(np.asarray([stats.seconds])).max())
   combined = loop_lib.RolloutStats(**dict(zip(counters, map(int, totals))), seconds=seconds)
@@ -166,17 +170,33 @@ def _iteration_metrics(traj: types.Trajectories, stats: loop_lib.RolloutStats) -
   }
 
 
-def _collect(runner, strategy, make_env, config: configs.TrainConfig, iteration: int, params,
-             key) -> tuple[types.Trajectories, loop_lib.RolloutStats]:
+def _collect(runner, strategy, make_env, batch_envs, config: configs.TrainConfig, iteration: int,
+             params, key) -> tuple[types.Trajectories, loop_lib.RolloutStats]:
   """This host's share of the iteration's episodes, each sampled as its global row would be."""
   seeds, groups = _task_batch(config, iteration)
   share = multihost.host_share(len(seeds))
   seeds, groups = seeds[share], groups[share]
   row_ids = list(range(share.start, share.stop))
-  envs = [make_env() for _ in seeds]
   if strategy is None:
-    return runner.collect(envs, seeds, groups, params=params, rng=key, row_ids=row_ids)
+    return runner.collect(batch_envs(len(seeds)), seeds, groups, params=params, rng=key,
+                          row_ids=row_ids)
   return strategy.collect(runner, make_env, seeds, groups, params=params, rng=key, row_ids=row_ids)
+
+
+def _env_source(runner: loop_lib.RolloutRunner, rollout: loop_lib.RolloutConfig,
+                config: configs.TrainConfig, make_env) -> Callable[[int], list]:
+  """`n -> envs` for one batch. Worker processes own their envs, so under kind='process' the
+  batch's envs are built there once and reused (each collect resets them); threads get fresh ones."""
+  if rollout.workers.kind != "process":
+    return lambda n: [make_env() for _ in range(n)]
+  pool: list = []
+
+  def batch_envs(n: int) -> list:
+    while len(pool) < n:
+      pool.append(runner.make_env(config.env_name, **config.env_kwargs))
+    return pool[:n]
+
+  return batch_envs
 
 
 def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
@@ -286,6 +306,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   if hasattr(strategy, "bind"):  # strategies that run the policy themselves (SERL's teacher)
     strategy = strategy.bind(graphdef=policy_graphdef, allowed=allowed, temperature=temperature,
                              max_actions=_max_actions(rollout))
+  batch_envs = _env_source(runner, rollout, config, make_env)
   greedy_runner = loop_lib.RolloutRunner(
       policy_graphdef, model, tok,
       dataclasses.replace(rollout, sampling=dataclasses.replace(rollout.sampling, temperature=0.0)))
@@ -342,7 +363,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   with preemption.StopRequest() as stop:
     for iteration in range(extra["iteration"], config.num_iterations):
       start = time.perf_counter()
-      traj, stats = _collect(runner, strategy, make_env, config, iteration,
+      traj, stats = _collect(runner, strategy, make_env, batch_envs, config, iteration,
                              multihost.local_replica(state.policy_params),
                              jax.random.fold_in(base_key, iteration))
       metrics = _iteration_metrics(traj, stats)
@@ -377,6 +398,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   progress.close()
   if not last_eval and not preempted:  # a preempted host has seconds left: no extra evaluation
     last_eval = evaluate_now(state.policy_params, 2 + extra["iteration"])
+  runner.close()
   writer.close()
   summary = TrainSummary(
       iterations=extra["iteration"], resumed_from=resumed_from,

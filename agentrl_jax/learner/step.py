@@ -22,6 +22,7 @@ from agentrl_jax.losses import kl as kl_lib
 from agentrl_jax.losses import policy as policy_loss
 from agentrl_jax.losses import value as value_loss
 from agentrl_jax.models import transformer
+from agentrl_jax.rollout import context as context_lib
 from agentrl_jax.rollout import sampler as sampler_lib
 
 
@@ -175,7 +176,7 @@ def make_update_fn(
 
   def update(state: types.ActorCriticState, traj: types.Trajectories):
     chex.assert_rank(traj.tokens, 2)
-    positions = transformer.positions_from_turns(traj.turn_of_token)
+    positions = context_lib.trajectory_positions(traj)
     mask = traj.action_mask & traj.valid_trajectory[:, None]
     # With a single on-policy step the pre-update log-probs come from the same forward pass
     # as the gradient; recomputing them separately would cost a third of the update.
@@ -250,7 +251,7 @@ def make_sft_fn(*, policy_graphdef: nnx.GraphDef, optimizer: optax.GradientTrans
   """
 
   def nll(params, traj):
-    positions = transformer.positions_from_turns(traj.turn_of_token)
+    positions = context_lib.trajectory_positions(traj)
     view = action_view(traj.action_mask, max_actions)
     logp, _ = action_log_probs(policy_graphdef, params, traj.tokens, positions, view, allowed,
                                temperature)

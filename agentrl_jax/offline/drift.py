@@ -133,7 +133,7 @@ def collect_offline(setup: common.Setup, params, config: configs.TrainConfig, dr
       traj, _ = setup.runner.collect(envs, seeds, groups, params=params,
                                      rng=jax.random.fold_in(jax.random.key(config.seed), part))
     # The rollout's extras (e.g. initial_obs_hash) are derived data the store does not keep.
-    store.write(traj.replace(extras={}), seeds=seeds, policy_version=0, part=part)
+    store.write(store_lib.replayable(traj), seeds=seeds, policy_version=0, part=part)
 
 
 def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),

@@ -291,7 +291,7 @@ def _deploy(setup, params, config, store, k, key):
     seeds, groups = common.task_batch(config, k)
     traj, _, _ = common.collect(setup, params, seeds, groups, key)
     # The rollout's extras (e.g. initial_obs_hash) are derived data the store does not keep.
-    store.write(traj.replace(extras={}), seeds=seeds, policy_version=k)
+    store.write(store_lib.replayable(traj), seeds=seeds, policy_version=k)
   data, _ = store.read(k, part=0)
   return data, {"train/success": float(np.mean(data.success)),
                 "train/outcome": float(np.mean(data.outcome))}

@@ -210,3 +210,23 @@ def _stack(rows: list[dict[str, Any]], width: int) -> types.Trajectories:
   names = sorted({k for s in subs for k in s})
   fields["sub_outcomes"] = {k: np.asarray([s.get(k, 0.0) for s in subs], np.float32) for k in names}
   return types.Trajectories(**fields)
+
+
+# Written by the rollout loop under a context-window policy; the learner needs it to score the
+# tokens under the sampler's attention masks (rollout/context.py).
+_CONTEXT_FLOOR_KEY = "context_floor"
+
+
+def replayable(traj: types.Trajectories) -> types.Trajectories:
+  """The batch as the store keeps it: derived extras dropped (recomputed after reading).
+
+  Raises:
+    ValueError: the batch was sampled under a context-window policy. Its per-turn context floors
+      are not derived data, and without them a replay would score tokens under a different
+      attention mask than they were sampled with.
+  """
+  if _CONTEXT_FLOOR_KEY in traj.extras:
+    raise ValueError("TrajectoryStore: this batch was sampled under a context-window policy "
+                     "(extras['context_floor']); the store does not keep floors, so offline "
+                     "methods need RolloutConfig.context.policy = 'full'")
+  return traj.replace(extras={})

@@ -189,6 +189,7 @@ class RolloutRunner:
     self.config = config
     self.tokenizer = tokenizer
     self.model_config = model_config
+    self.graphdef = graphdef  # public: strategies build their own jitted pieces from it
     self._sample_turn = sampler_lib.make_turn_sampler(graphdef, config.sampling, model_config.vocab_size)
     self._stop_ids = set(config.sampling.stop_token_ids)
     self._stepper = workers_lib.EnvStepper(config.workers)

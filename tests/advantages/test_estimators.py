@@ -1,5 +1,7 @@
 """Tests for agentrl_jax.advantages.estimators."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -197,3 +199,22 @@ def test_grpo_statistics_over_step_rows():
   np.testing.assert_allclose(got, [0.3 / (std + 1e-6), -0.2 / (std + 1e-6)], rtol=1e-5)
   with pytest.raises(ValueError, match="stats_over"):
     estimators.grpo(traj, None, stats_over="tokens")
+
+
+@pytest.mark.parametrize("name", ["gigpo", "gagpo"])
+def test_anchor_key_replaces_the_observation_anchors(name):
+  from agentrl_jax.advantages import step
+  traj = make_trajectories(TURNS, REWARDS, [0, 0, 1, 1])
+  traj.obs_hash[:] = [[5, 9, 0], [5, 7, 9], [4, 0, 0], [5, 4, 0]]
+  initial = np.array([1, 2, 3, 3], np.int32)
+  anchors = np.asarray(step.anchor_hashes(traj.obs_hash, initial))
+  # The same anchors given as a key reproduce the hash-based result exactly...
+  keyed = traj.replace(extras={step.INITIAL_OBS_HASH_KEY: initial, "anchor_state_key": anchors})
+  plain = traj.replace(extras={step.INITIAL_OBS_HASH_KEY: initial})
+  by_key = jax.jit(functools.partial(estimators.ESTIMATORS[name], anchor_key="anchor_state_key"))
+  np.testing.assert_array_equal(by_key(keyed, None).advantages, JIT[name](plain, None).advantages)
+  # ...and a key that merges every state of a group into one anchor changes the step credit.
+  merged = keyed.replace(extras={**keyed.extras, "anchor_state_key": np.zeros_like(anchors)})
+  assert not np.allclose(by_key(merged, None).advantages, JIT[name](plain, None).advantages)
+  with pytest.raises(ValueError, match="anchor_key='cluster' is not in traj.extras"):
+    estimators.ESTIMATORS[name](plain, None, anchor_key="cluster")

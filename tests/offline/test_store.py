@@ -76,3 +76,12 @@ def test_errors_name_the_problem(tmp_path):
     store.write(_batch(0), seeds=range(4), policy_version=0)
   with pytest.raises(ValueError, match="extras"):
     store.write(_batch(0).replace(extras={"x": np.zeros(4)}), seeds=range(4), policy_version=1)
+
+
+def test_replayable_drops_derived_extras_but_refuses_context_floors():
+  traj = types.empty_trajectories(2, 8, 3)
+  traj.extras["search_turn"] = np.zeros((2, 3), np.float32)
+  assert store_lib.replayable(traj).extras == {}
+  traj.extras["context_floor"] = np.zeros((2, 3), np.float32)
+  with pytest.raises(ValueError, match="context-window policy"):
+    store_lib.replayable(traj)

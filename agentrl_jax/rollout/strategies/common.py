@@ -42,7 +42,6 @@ from flax import nnx
 
 from agentrl_jax import types
 from agentrl_jax.envs import base as envs_base
-from agentrl_jax.models import hf
 from agentrl_jax.models import transformer
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
@@ -116,11 +115,7 @@ def tools(runner: loop_lib.RolloutRunner) -> Tools:
   found = _TOOLS.get(runner)
   if found is None:
     check_supported(runner.config)
-    # The runner keeps its graphdef private; an abstract module of the same config has the same
-    # structure (no parameters are allocated).
-    graphdef = getattr(runner, "graphdef", None)
-    if graphdef is None:
-      graphdef, _ = hf.abstract_params(runner.model_config)
+    graphdef = runner.graphdef
     sampling = runner.config.sampling
     vocab = runner.model_config.vocab_size
     stats_fn = jax.jit(lambda params, cache, tokens, obs_len, num_tokens, turn, top_k: _token_stats(
