@@ -118,7 +118,8 @@ def _pad_tokens(traj: types.Trajectories, length: int) -> types.Trajectories:
   width = traj.tokens.shape[1]
   pad = lambda x, value=0: np.pad(x, ((0, 0), (0, length - width)), constant_values=value)
   token_level = traj.tokens.shape != traj.reward.shape  # else [B, L] and [B, N] look alike
-  extras = {k: pad(v) if token_level and v.shape == traj.tokens.shape else v
+  pad_rows = lambda x: np.pad(x, [(0, 0), (0, length - width)] + [(0, 0)] * (x.ndim - 2))
+  extras = {k: pad_rows(v) if token_level and v.shape[:2] == traj.tokens.shape else v
             for k, v in traj.extras.items()}
   return traj.replace(tokens=pad(traj.tokens), action_mask=pad(traj.action_mask),
                       turn_of_token=pad(traj.turn_of_token, -1),
@@ -134,9 +135,12 @@ def _align_over_hosts(traj: types.Trajectories) -> types.Trajectories:
   if jax.process_count() == 1:
     return traj
   traj = _pad_tokens(traj, multihost.agree_max(traj.tokens.shape[1]))
-  per_turn = {k: v for k, v in traj.extras.items() if v.ndim == 2}
+  per_turn = {k: v for k, v in traj.extras.items() if v.shape == traj.reward.shape}
   per_episode = {k: v for k, v in traj.extras.items() if v.ndim == 1}
-  extras = {**_fill_names(per_turn, multihost.agree_names(per_turn), traj.reward.astype(np.float32)),
+  # Token-level extras (teacher log-probs, MoE routing) come from the run's own configuration,
+  # so every host has them; per-turn and per-episode env info may be missing on some hosts.
+  extras = {**traj.extras,
+            **_fill_names(per_turn, multihost.agree_names(per_turn), traj.reward.astype(np.float32)),
             **_fill_names(per_episode, multihost.agree_names(per_episode), traj.outcome.astype(np.float32))}
   sub = _fill_names(traj.sub_outcomes, multihost.agree_names(traj.sub_outcomes),
                     traj.outcome.astype(np.float32))
@@ -307,6 +311,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     strategy = strategy.bind(graphdef=policy_graphdef, allowed=allowed, temperature=temperature,
                              max_actions=_max_actions(rollout))
   batch_envs = _env_source(runner, rollout, config, make_env)
+  sampling_params = _sampling_layout(state.policy_params, device_mesh)
   greedy_runner = loop_lib.RolloutRunner(
       policy_graphdef, model, tok,
       dataclasses.replace(rollout, sampling=dataclasses.replace(rollout.sampling, temperature=0.0)))
@@ -364,7 +369,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     for iteration in range(extra["iteration"], config.num_iterations):
       start = time.perf_counter()
       traj, stats = _collect(runner, strategy, make_env, batch_envs, config, iteration,
-                             multihost.local_replica(state.policy_params),
+                             sampling_params(state.policy_params),
                              jax.random.fold_in(base_key, iteration))
       metrics = _iteration_metrics(traj, stats)
       batch = _global_batch(traj, device_mesh)
@@ -409,6 +414,20 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
       preempted=preempted)
   _print_summary(summary, evaluation)
   return summary
+
+
+def _sampling_layout(params, device_mesh) -> Callable[[Any], Any]:
+  """`params -> params` as the sampler should hold them.
+
+  On one process with a mesh: resharded to the 'sample' rules (split over tensor only), so
+  decoding a token never all-gathers fsdp shards. Across processes: a whole local copy per host.
+  """
+  if jax.process_count() > 1:
+    return multihost.local_replica
+  if device_mesh is None:
+    return lambda p: p
+  shardings = rules_lib.param_shardings(params, device_mesh, rules_lib.logical_rules("sample"))
+  return lambda p: jax.device_put(p, shardings)
 
 
 def _graphdef(model: transformer.TransformerConfig, seed: int):

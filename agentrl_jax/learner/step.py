@@ -23,6 +23,7 @@ from agentrl_jax.losses import policy as policy_loss
 from agentrl_jax.losses import value as value_loss
 from agentrl_jax.models import transformer
 from agentrl_jax.rollout import context as context_lib
+from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
 
 
@@ -42,6 +43,9 @@ class LossConfig:
   value_clip: float = 0.5
   ppo_epochs: int = 1
   num_minibatches: int = 1
+  # Mixture-of-experts policies: route each token to the experts the sampler used (recorded in
+  # traj.extras['routing']), so training log-probs are those of the sampled policy (B.6).
+  replay_routing: bool = True
 
   def __post_init__(self):
     if self.clip_low <= 0 or self.clip_high <= 0:
@@ -92,13 +96,15 @@ def action_view(action_mask: jax.Array, max_actions: int) -> ActionView:
 
 
 def action_log_probs(graphdef: nnx.GraphDef, params, tokens, positions, view: ActionView,
-                     allowed: jax.Array | None, temperature: float) -> tuple[jax.Array, jax.Array]:
+                     allowed: jax.Array | None, temperature: float,
+                     routing: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Log-prob and policy entropy [B, K] at the action tokens of `view`.
 
   The hidden state at position t−1 predicts token t, so the head reads the row before each action.
+  `routing` [B, L, layers, k] replays a mixture-of-experts policy's recorded expert choices.
   """
   model = nnx.merge(graphdef, params)
-  features, _ = model.features(tokens, positions)
+  features, _ = model.features(tokens, positions, routing=routing)
   prev = jnp.maximum(view.index - 1, 0)
   logits = model.head_out(jnp.take_along_axis(features, prev[..., None], axis=1))
   logp_all = sampler_lib.policy_log_probs(logits, allowed, temperature)
@@ -139,7 +145,9 @@ def make_update_fn(
   use_critic = critic_graphdef is not None
 
   def forward_policy(params, traj, positions, view):
-    return action_log_probs(policy_graphdef, params, traj.tokens, positions, view, allowed, temperature)
+    routing = traj.extras.get(loop_lib.ROUTING_KEY) if loss.replay_routing else None
+    return action_log_probs(policy_graphdef, params, traj.tokens, positions, view, allowed,
+                            temperature, routing)
 
   def forward_critic(params, traj, positions):
     values, _ = transformer.apply(critic_graphdef, params, traj.tokens, positions)

@@ -166,11 +166,20 @@ def _record_step_info(traj: types.Trajectories, info: dict, row: int, turn: int)
     traj.extras[key][row, turn] = value
 
 
+# `traj.extras[ROUTING_KEY]` [B, L, layers, k] int32: the experts each token was routed to when
+# the sampler fed it to a mixture-of-experts policy; the learner replays them.
+ROUTING_KEY = "routing"
+
+
 def trim_tokens(traj: types.Trajectories, length: int) -> types.Trajectories:
   """Drops token columns from `length` on (they must be padding)."""
   cut = lambda x: x[:, :length]
+  extras = dict(traj.extras)
+  if ROUTING_KEY in extras:
+    extras[ROUTING_KEY] = cut(extras[ROUTING_KEY])
   return traj.replace(tokens=cut(traj.tokens), action_mask=cut(traj.action_mask),
-                      turn_of_token=cut(traj.turn_of_token), sample_logprob=cut(traj.sample_logprob))
+                      turn_of_token=cut(traj.turn_of_token), sample_logprob=cut(traj.sample_logprob),
+                      extras=extras)
 
 
 def _bucket(n: int, buckets: Sequence[int]) -> int:
@@ -265,7 +274,7 @@ class RolloutRunner:
       if actor is None:
         actions, cache = self._policy_actions(params, cache, chunks, active, turn,
                                               jax.random.fold_in(rng, turn), row_ids, floor=floor,
-                                              history=turn_open[:, turn])
+                                              history=turn_open[:, turn], traj=traj)
       else:
         actions = self._scripted_actions(envs, actor, actor_rng, active)
       drop = self._cut_actions(actions, active, spent, stats)
@@ -318,8 +327,13 @@ class RolloutRunner:
     return floor
 
   def _policy_actions(self, params, cache, chunks, active, turn, key, row_ids, *, floor=None,
-                      history=None):
-    """Samples this turn's actions; `history` [B] is each row's cache length before its chunk."""
+                      history=None, traj=None):
+    """Samples this turn's actions; `history` [B] is each row's cache length before its chunk.
+
+    With a mixture-of-experts policy and `traj`, the chunk's and the sampled tokens' experts
+    are written to `traj.extras[ROUTING_KEY]` (tokens a stop string cuts later sit past the
+    kept action, where the next chunk overwrites them or padding ignores them).
+    """
     width = _bucket(max(len(c) for c in chunks), self.config.obs_buckets)
     obs = np.zeros((len(chunks), width), np.int32)
     obs_len = np.zeros((len(chunks),), np.int32)
@@ -336,7 +350,20 @@ class RolloutRunner:
                             floor=floor, window=window)
     tokens, logprobs, num = jax.device_get((out.tokens, out.logprobs, out.num_tokens))
     actions = [(list(tokens[i, :num[i]]), list(logprobs[i, :num[i]])) for i in range(len(chunks))]
+    if out.routing is not None and traj is not None and history is not None:
+      self._record_routing(traj, chunks, history, num, *jax.device_get((out.obs_routing, out.routing)))
     return actions, out.cache
+
+  def _record_routing(self, traj, chunks, history, num, obs_routing, routing):
+    if ROUTING_KEY not in traj.extras:
+      traj.extras[ROUTING_KEY] = np.zeros(traj.tokens.shape + routing.shape[2:], np.int32)
+    table = traj.extras[ROUTING_KEY]
+    for i, ids in enumerate(chunks):
+      if not ids:
+        continue
+      start = int(history[i])
+      table[i, start:start + len(ids)] = obs_routing[i, :len(ids)]
+      table[i, start + len(ids):start + len(ids) + num[i]] = routing[i, :num[i]]
 
   def _scripted_actions(self, envs, actor, actor_rng, active):
     """Tokenized scripted actions, ended by the first stop token the way the policy must end them."""

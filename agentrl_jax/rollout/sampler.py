@@ -93,12 +93,29 @@ def policy_log_probs(logits: jax.Array, allowed: jax.Array | None, temperature: 
 
 
 class TurnSample(NamedTuple):
-  """Tokens [B, A], their log-probs [B, A], how many are valid [B], and the extended cache."""
+  """Tokens [B, A], their log-probs [B, A], how many are valid [B], and the extended cache.
+
+  For a mixture-of-experts policy also the experts each token was routed to when it entered the
+  model: `obs_routing` [B, T, layers, k] for the observation chunk and `routing`
+  [B, A, layers, k] for the sampled tokens (None for a dense policy). The learner replays them
+  so its forward pass routes exactly as sampling did (ALGORITHMS.md B.6).
+  """
 
   tokens: jax.Array
   logprobs: jax.Array
   num_tokens: jax.Array
   cache: transformer.KVCache
+  obs_routing: jax.Array | None = None
+  routing: jax.Array | None = None
+
+
+def _forward(model, tokens, pos, cache):
+  """(logits, cache, experts or None): records routing only for a mixture-of-experts model."""
+  if not model.config.num_experts:
+    logits, cache = model(tokens, pos, cache)
+    return logits, cache, None
+  x, cache, experts = model.features_and_routing(tokens, pos, cache)
+  return model.head_out(x), cache, experts
 
 
 def nucleus_filter(logp: jax.Array, top_p: float) -> jax.Array:
@@ -176,7 +193,7 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
       position=cache.length[:, None] + jnp.arange(t, dtype=jnp.int32),
       turn=jnp.full((b, t), turn, jnp.int32),
       slot=jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), floor=floor_of(t))
-  logits, cache = model(obs_tokens, chunk_pos, cache)
+  logits, cache, obs_routing = _forward(model, obs_tokens, chunk_pos, cache)
   cache = cache.replace(length=cache.length + obs_len)
   last = jnp.take_along_axis(logits, jnp.maximum(obs_len - 1, 0)[:, None, None], axis=1)[:, 0]
   stops = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
@@ -190,20 +207,23 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
     token = jnp.where(emit, token, 0)
     pos = transformer.Positions(position=cache.length[:, None], turn=jnp.full((b, 1), turn, jnp.int32),
                                 slot=slot[:, None], floor=floor_of(1))
-    next_logits, cache = model(token[:, None], pos, cache)
+    next_logits, cache, experts = _forward(model, token[:, None], pos, cache)
     cache = cache.replace(length=cache.length + emit.astype(jnp.int32))
     finished = finished | jnp.isin(token, stops)
     carry = (cache, next_logits[:, 0], finished, slot + 1)
-    return carry, (token, jnp.where(emit, token_logp, 0.0), emit)
+    routed = () if experts is None else (experts[:, 0],)
+    return carry, (token, jnp.where(emit, token_logp, 0.0), emit, *routed)
 
   init = (cache, last, ~active, obs_len.astype(jnp.int32))
-  (cache, _, _, _), (tokens, logprobs, emitted) = jax.lax.scan(
+  (cache, _, _, _), (tokens, logprobs, emitted, *routed) = jax.lax.scan(
       decode_step, init, jnp.arange(config.max_action_tokens))
   if cache is not full and cache.capacity < full.capacity:
     cache = full.replace(k=full.k.at[:, :, :window].set(cache.k),
                          v=full.v.at[:, :, :window].set(cache.v), length=cache.length)
   return TurnSample(tokens=tokens.T, logprobs=logprobs.T,
-                    num_tokens=emitted.sum(axis=0).astype(jnp.int32), cache=cache)
+                    num_tokens=emitted.sum(axis=0).astype(jnp.int32), cache=cache,
+                    obs_routing=obs_routing,
+                    routing=jnp.swapaxes(routed[0], 0, 1) if routed else None)
 
 
 def make_turn_sampler(graphdef: nnx.GraphDef, config: SamplingConfig, vocab_size: int):
