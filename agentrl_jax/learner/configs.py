@@ -22,6 +22,10 @@ class TrainConfig:
       (constrained decoding; the learner uses the same restriction).
     checkpoint_every: save a checkpoint every this many iterations (and at the end).
     log_every: write metrics every this many iterations.
+    max_staleness: 0 plays each batch with the current policy (synchronous); 1 plays batch k+1
+      while batch k trains, with the policy from before that update (one update stale). Use it
+      with `LossConfig.tis_cap`, which corrects for the lag. A resumed pipelined run replays its
+      first batch synchronously, so it is not bit-identical to an uninterrupted one.
   """
 
   env_name: str = "frozenlake"
@@ -36,8 +40,12 @@ class TrainConfig:
   restrict_to_action_words: bool = True
   checkpoint_every: int = 25
   log_every: int = 1
+  max_staleness: int = 0
 
   def __post_init__(self):
+    if self.max_staleness not in (0, 1):
+      raise ValueError(f"TrainConfig.max_staleness must be 0 (synchronous) or 1 (one batch "
+                       f"ahead), got {self.max_staleness}")
     for name in ("num_iterations", "tasks_per_iteration", "group_size", "checkpoint_every", "log_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")

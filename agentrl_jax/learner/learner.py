@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import inspect
@@ -187,6 +188,41 @@ def _collect(runner, strategy, make_env, batch_envs, config: configs.TrainConfig
   return strategy.collect(runner, make_env, seeds, groups, params=params, rng=key, row_ids=row_ids)
 
 
+class _Rollouts:
+  """Plays each iteration's batch: synchronously, or (max_staleness=1) one batch ahead.
+
+  Pipelined, `get(k)` starts batch k+1 in a background thread with the policy as it is before
+  update k, then returns batch k (played the same way during update k−1), so sampling overlaps
+  the update. The sampling copy is taken before the update donates the state's buffers.
+  """
+
+  def __init__(self, collect: Callable[[int, Any], tuple], sampling_params: Callable[[Any], Any],
+               max_staleness: int, num_iterations: int):
+    self._collect = collect
+    self._sampling_params = sampling_params
+    self._ahead = max_staleness > 0
+    self._num_iterations = num_iterations
+    self._executor = concurrent.futures.ThreadPoolExecutor(1) if self._ahead else None
+    self._pending: tuple[int, concurrent.futures.Future] | None = None
+
+  def get(self, iteration: int, params) -> tuple[types.Trajectories, loop_lib.RolloutStats, int]:
+    """(batch, stats, policy lag in updates) for `iteration`; `params` is the current policy."""
+    current = self._sampling_params(params)
+    if self._pending is not None and self._pending[0] == iteration:
+      (traj, stats), lag = self._pending[1].result(), 1
+    else:  # the first batch of a run (or of a resumed run) is played now
+      (traj, stats), lag = self._collect(iteration, current), 0
+    self._pending = None
+    if self._ahead and iteration + 1 < self._num_iterations:
+      snapshot = jax.tree.map(jnp.copy, current)
+      self._pending = (iteration + 1, self._executor.submit(self._collect, iteration + 1, snapshot))
+    return traj, stats, lag
+
+  def close(self) -> None:
+    if self._executor is not None:
+      self._executor.shutdown(wait=True, cancel_futures=True)
+
+
 def _env_source(runner: loop_lib.RolloutRunner, rollout: loop_lib.RolloutConfig,
                 config: configs.TrainConfig, make_env) -> Callable[[int], list]:
   """`n -> envs` for one batch. Worker processes own their envs, so under kind='process' the
@@ -360,6 +396,10 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     extra["credit_state"] = [_json_state(m.state_dict()) for m in stateful]
     ckpt.save(0, state, extra)
 
+  rollouts = _Rollouts(
+      lambda it, params: _collect(runner, strategy, make_env, batch_envs, config, it, params,
+                                  jax.random.fold_in(base_key, it)),
+      sampling_params, config.max_staleness, config.num_iterations)
   progress = metrics_lib.ProgressBar(total=config.num_iterations, initial=extra["iteration"],
                                      enabled=jax.process_index() == 0)
   metrics: dict[str, float] = {}
@@ -368,10 +408,9 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   with preemption.StopRequest() as stop:
     for iteration in range(extra["iteration"], config.num_iterations):
       start = time.perf_counter()
-      traj, stats = _collect(runner, strategy, make_env, batch_envs, config, iteration,
-                             sampling_params(state.policy_params),
-                             jax.random.fold_in(base_key, iteration))
+      traj, stats, lag = rollouts.get(iteration, state.policy_params)
       metrics = _iteration_metrics(traj, stats)
+      metrics["rollout/policy_lag"] = lag
       batch = _global_batch(traj, device_mesh)
       state, update_metrics = update(state, batch)
       metrics.update({k: float(v) for k, v in jax.device_get(update_metrics).items()})
@@ -401,6 +440,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
               flush=True)
         break
   progress.close()
+  rollouts.close()
   if not last_eval and not preempted:  # a preempted host has seconds left: no extra evaluation
     last_eval = evaluate_now(state.policy_params, 2 + extra["iteration"])
   runner.close()
@@ -465,6 +505,12 @@ def _resolve(config: configs.TrainConfig, model, rollout: loop_lib.RolloutConfig
   if probe_env.max_turns > rollout.max_turns:
     raise ValueError(f"env {config.env_name!r} runs up to {probe_env.max_turns} turns but "
                      f"RolloutConfig.max_turns={rollout.max_turns}")
+  if config.max_staleness and loss.tis_cap is None:
+    raise ValueError("TrainConfig.max_staleness=1 plays each batch with a policy one update old; "
+                     "set LossConfig.tis_cap (e.g. 2.0) so the update corrects for the lag")
+  if config.max_staleness and rollout.workers.kind == "process":
+    raise ValueError("TrainConfig.max_staleness=1 with WorkerConfig.kind='process' is not "
+                     "supported: the worker processes are stepped from one thread at a time")
   if config.batch_size % loss.num_minibatches:
     raise ValueError(f"TrainConfig batch of {config.batch_size} episodes is not divisible into "
                      f"LossConfig.num_minibatches={loss.num_minibatches}")

@@ -46,8 +46,14 @@ class LossConfig:
   # Mixture-of-experts policies: route each token to the experts the sampler used (recorded in
   # traj.extras['routing']), so training log-probs are those of the sampled policy (B.6).
   replay_routing: bool = True
+  # Truncated importance sampling (None = off): each token's advantage is weighted by
+  # min(π_old(a)/π_sample(a), tis_cap), correcting for a sampler that is not exactly the policy
+  # the update starts from (numerical drift, or a pipelined batch one update stale).
+  tis_cap: float | None = None
 
   def __post_init__(self):
+    if self.tis_cap is not None and self.tis_cap < 1:
+      raise ValueError(f"LossConfig.tis_cap must be >= 1 (or None), got {self.tis_cap}")
     if self.clip_low <= 0 or self.clip_high <= 0:
       raise ValueError(f"LossConfig: clip_low/clip_high must be > 0, got {self.clip_low}, {self.clip_high}")
     if self.dual_clip is not None and self.dual_clip <= 1:
@@ -114,6 +120,17 @@ def action_log_probs(graphdef: nnx.GraphDef, params, tokens, positions, view: Ac
   return jnp.where(view.valid, logp, 0.0), jnp.where(view.valid, entropy, 0.0)
 
 
+def truncated_importance_weights(old_logp: jax.Array, sample_logp: jax.Array, valid: jax.Array,
+                                 cap: float) -> jax.Array:
+  """`min(exp(old − sample), cap)` per token, without gradient; 1 where `valid` is False.
+
+  `old` is the policy the update starts from, `sample` the one that drew the tokens: equal up
+  to numerics when synchronous, one update apart when pipelined.
+  """
+  ratio = jnp.exp(jax.lax.stop_gradient(old_logp) - sample_logp)
+  return jnp.where(valid, jnp.minimum(ratio, cap), 1.0)
+
+
 def shifted_values(values: jax.Array) -> jax.Array:
   """Value of the state before token t is the critic's output at t−1 (the prefix that chose t)."""
   return jnp.concatenate([jnp.zeros_like(values[:, :1]), values[:, :-1]], axis=1)
@@ -158,9 +175,16 @@ def make_update_fn(
     logp, entropy = forward_policy(params, traj, positions, view)
     if old_logp is None:  # one on-policy step: the behaviour policy is these very parameters
       old_logp = jax.lax.stop_gradient(logp)
+    behaviour = view.gather(traj.sample_logprob)
     drift = policy_loss.aggregate(
-        jnp.abs(jax.lax.stop_gradient(logp) - view.gather(traj.sample_logprob)), view.valid,
-        "token-mean")
+        jnp.abs(jax.lax.stop_gradient(logp) - behaviour), view.valid, "token-mean")
+    tis = {}
+    if loss.tis_cap is not None:
+      weight = truncated_importance_weights(old_logp, behaviour, view.valid, loss.tis_cap)
+      advantages = advantages * weight
+      tis = {"loss/tis_weight": policy_loss.aggregate(weight, view.valid, "token-mean"),
+             "loss/tis_truncated": policy_loss.aggregate(
+                 (weight >= loss.tis_cap).astype(jnp.float32), view.valid, "token-mean")}
     out = policy_loss.clipped_surrogate_loss(
         logp, old_logp, advantages, mask, clip_low=loss.clip_low, clip_high=loss.clip_high,
         dual_clip=loss.dual_clip, agg_mode=loss.agg_mode, max_len=loss.max_len_norm)
@@ -173,7 +197,7 @@ def make_update_fn(
                                  max_len=loss.max_len_norm)
       total = total + loss.kl_coef * kl
     return total, {"loss/policy": out.loss, "loss/entropy": ent, "loss/kl": kl,
-                   "rollout/logprob_drift": drift,
+                   "rollout/logprob_drift": drift, **tis,
                    "loss/clip_fraction": out.clip_fraction, "loss/approx_kl": out.approx_kl}
 
   def critic_objective(params, traj, positions, old_values, returns, mask):
