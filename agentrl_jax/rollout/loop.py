@@ -4,7 +4,9 @@ Each turn: every live env's new observation is tokenized once on arrival and app
 conversation; one jitted call prefills those tokens into the per-row KV cache and samples the
 actions; each action is cut on the host at its first stop string and at the trajectory's token
 budget (the cache is rolled back to the kept tokens); the kept ids are written to the trajectory
-exactly as drawn (TITO), decoded to text, and sent to the envs. A context-window policy
+exactly as drawn (TITO), decoded to text, and sent to the envs. With a thinking intervention
+(`SamplingConfig.thinking`) the close tokens it forced stay in the conversation but out of
+`action_mask` (the policy did not sample them), and the env sees the action without its thinking. A context-window policy
 (`rollout/context.py`) masks old turns through per-turn attention floors, recorded for the
 learner. The result is one `Trajectories` with static shapes.
 """
@@ -166,6 +168,11 @@ def _record_step_info(traj: types.Trajectories, info: dict, row: int, turn: int)
     traj.extras[key][row, turn] = value
 
 
+# `traj.extras[THINK_FORCED_KEY]` [B, N] float32: close tokens the thinking intervention forced in
+# each turn (present only with `SamplingConfig.thinking`). The forced tokens themselves are the
+# tokens of the action span [turn_start, turn_end) with `action_mask` False.
+THINK_FORCED_KEY = "think_forced"
+
 # `traj.extras[ROUTING_KEY]` [B, L, layers, k] int32: the experts each token was routed to when
 # the sampler fed it to a mixture-of-experts policy; the learner replays them.
 ROUTING_KEY = "routing"
@@ -199,6 +206,7 @@ class RolloutRunner:
     self.tokenizer = tokenizer
     self.model_config = model_config
     self.graphdef = graphdef  # public: strategies build their own jitted pieces from it
+    sampler_lib.check_thinking(config.sampling.thinking, model_config.vocab_size)
     self._sample_turn = sampler_lib.make_turn_sampler(graphdef, config.sampling, model_config.vocab_size)
     self._stop_ids = set(config.sampling.stop_token_ids)
     self._stepper = workers_lib.EnvStepper(config.workers)
@@ -218,6 +226,8 @@ class RolloutRunner:
     return [tok.obs_id] + tok.encode(text) + [tok.act_id]
 
   def action_text(self, ids: Sequence[int]) -> str:
+    """The text the env receives: the action without stop tokens and thinking blocks."""
+    ids = sampler_lib.outside_thinking(ids, self.config.sampling.thinking)
     return self.tokenizer.decode([i for i in ids if i not in self._stop_ids])
 
   def collect(self, envs: Sequence[envs_base.TextEnv], seeds: Sequence[int],
@@ -349,7 +359,9 @@ class RolloutRunner:
     out = self._sample_turn(params, cache, obs, obs_len, active, np.int32(turn), key, row_ids,
                             floor=floor, window=window)
     tokens, logprobs, num = jax.device_get((out.tokens, out.logprobs, out.num_tokens))
-    actions = [(list(tokens[i, :num[i]]), list(logprobs[i, :num[i]])) for i in range(len(chunks))]
+    forced = np.zeros(tokens.shape, bool) if out.forced is None else jax.device_get(out.forced)
+    actions = [(list(tokens[i, :num[i]]), list(logprobs[i, :num[i]]), list(forced[i, :num[i]]))
+               for i in range(len(chunks))]
     if out.routing is not None and traj is not None and history is not None:
       self._record_routing(traj, chunks, history, num, *jax.device_get((out.obs_routing, out.routing)))
     return actions, out.cache
@@ -369,12 +381,12 @@ class RolloutRunner:
     """Tokenized scripted actions, ended by the first stop token the way the policy must end them."""
     sampling = self.config.sampling
     stop = list(sampling.stop_token_ids[:1])
-    actions = [([], []) for _ in envs]
+    actions = [([], [], []) for _ in envs]
     for i in np.flatnonzero(active):
       rng = actor_rng if isinstance(actor_rng, np.random.Generator) else actor_rng[i]
       ids = self.tokenizer.encode(actor(envs[i], rng))[:sampling.max_action_tokens - len(stop)]
       ids = ids + stop
-      actions[i] = (ids, [0.0] * len(ids))
+      actions[i] = (ids, [0.0] * len(ids), [False] * len(ids))
     return actions
 
   def _cut_actions(self, actions, active, spent, stats) -> np.ndarray:
@@ -386,12 +398,12 @@ class RolloutRunner:
     budget = self._action_budget(spent)
     drop = np.zeros(len(actions), np.int32)
     for i in np.flatnonzero(active):
-      ids, logps = actions[i]
+      ids, logps, forced = actions[i]
       at_stop = sampler_lib.stop_string_cut(ids, stop_strings, self.action_text)
       stats.stop_string_cuts += int(at_stop < len(ids))
       keep = min(at_stop, int(budget[i]))
       drop[i] = len(ids) - keep
-      actions[i] = (ids[:keep], logps[:keep])
+      actions[i] = (ids[:keep], logps[:keep], forced[:keep])
     return drop
 
   def _end_spent_trajectories(self, traj, active, spent, turn, stats):
@@ -406,11 +418,17 @@ class RolloutRunner:
       stats.budget_truncated += 1
 
   def _write_actions(self, traj, actions, active, cursor, turn, stats):
+    thinking = self.config.sampling.thinking is not None
+    if thinking and THINK_FORCED_KEY not in traj.extras:
+      traj.extras[THINK_FORCED_KEY] = np.zeros(traj.reward.shape, np.float32)
     for i in np.flatnonzero(active):
-      ids, logps = actions[i]
+      ids, logps, forced = actions[i]
       n = len(ids)
       traj.tokens[i, cursor[i]:cursor[i] + n] = ids
-      traj.action_mask[i, cursor[i]:cursor[i] + n] = True
+      # A forced token was written, not sampled: it is context for the learner, never a sample.
+      traj.action_mask[i, cursor[i]:cursor[i] + n] = ~np.asarray(forced, bool)
+      if thinking:
+        traj.extras[THINK_FORCED_KEY][i, turn] = float(np.sum(forced))
       traj.turn_of_token[i, cursor[i]:cursor[i] + n] = turn
       traj.sample_logprob[i, cursor[i]:cursor[i] + n] = logps
       traj.turn_start[i, turn] = cursor[i]

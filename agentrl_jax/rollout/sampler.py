@@ -5,6 +5,12 @@ prefills only the tokens that arrived since the last one. Sampled ids are return
 with their log-probs under the policy the learner scores (`policy_log_probs`: temperature and
 vocabulary restriction; top-k/top-p only narrow which tokens may be drawn). Stop strings are cut
 on the host after the turn (`stop_string_cut`, `rolled_back`).
+
+Thinking intervention (T²PO, ALGORITHMS.md B.15, optional: `SamplingConfig.thinking`): inside a
+thinking block the decode loop tracks a per-token uncertainty M_j and, once M stalls after
+`min_tokens` thinking tokens or the block reaches its `budget`, writes the close token instead of
+drawing one. Forced tokens are reported in `TurnSample.forced`: the policy did not sample them, so
+they carry no log-prob and no loss.
 """
 
 from __future__ import annotations
@@ -13,10 +19,73 @@ import dataclasses
 from typing import Callable, NamedTuple, Sequence
 
 import jax
+import flax.struct
 import jax.numpy as jnp
 from flax import nnx
 
 from agentrl_jax.models import transformer
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ThinkingConfig:
+  """T²PO's token-level thinking intervention (ALGORITHMS.md B.15, formalised from the abstract).
+
+  A row thinks after it emits `open_token_id` (or from its turn's first token with
+  `start_thinking`) until it emits `close_token_id`. For the j-th thinking token of a block,
+  H_j = −Σ_top-k p log p / log|V| and C_j = max p under the distribution it was drawn from (the
+  policy's: temperature and vocabulary restriction; |V| counts the allowed tokens), and
+  M_j = α·H̄_j + (1 − α)·(1 − C̄_j) with bars = means over the last `window` thinking tokens
+  (fewer at the start of the block). Before drawing the next token, a row with j thinking tokens
+  is forced to close when j ≥ budget, or when j ≥ min_tokens, j > window and
+  |M_j − M_{j−window}| < epsilon. A block that closes (sampled or forced) may be opened again in
+  the same turn; each block counts from 0.
+
+  The tokenizer has no dedicated think markers; any two existing ids serve. The reserved bos (2)
+  and eos (3) ids suit: `Tokenizer.encode` never produces them, so env text cannot open or close
+  a block. The ids are checked against the vocabulary by `check_thinking`.
+
+  Attributes:
+    open_token_id: id that opens a thinking block.
+    close_token_id: id that closes it (the one forced).
+    min_tokens: j_min, thinking tokens before the stall test may force a close.
+    budget: most thinking tokens of a block (the source scripts' num_think_tokens = 450).
+    window: w, the moving-average window and the lag of the stall test, in tokens.
+    alpha: α, weight of the entropy term in M.
+    epsilon: ε_tok, the stall threshold on |M_j − M_{j−w}| (strict).
+    top_k: how many of the largest probabilities the entropy sums over.
+    start_thinking: every turn opens inside a thinking block (no open token needed).
+  """
+
+  open_token_id: int
+  close_token_id: int
+  min_tokens: int = 64
+  budget: int = 450
+  window: int = 32
+  alpha: float = 0.5
+  epsilon: float = 0.01
+  top_k: int = 20
+  start_thinking: bool = False
+
+  def __post_init__(self):
+    if self.open_token_id < 0 or self.close_token_id < 0:
+      raise ValueError(f"ThinkingConfig token ids must be >= 0, got open={self.open_token_id}, "
+                       f"close={self.close_token_id}")
+    if self.open_token_id == self.close_token_id:
+      raise ValueError(f"ThinkingConfig.open_token_id and close_token_id must differ, both are "
+                       f"{self.open_token_id}")
+    if self.min_tokens < 0:
+      raise ValueError(f"ThinkingConfig.min_tokens must be >= 0, got {self.min_tokens}")
+    if self.budget < max(self.min_tokens, 1):
+      raise ValueError(f"ThinkingConfig.budget must be >= max(min_tokens, 1) = "
+                       f"{max(self.min_tokens, 1)}, got {self.budget}")
+    if self.window < 1:
+      raise ValueError(f"ThinkingConfig.window must be >= 1, got {self.window}")
+    if not 0.0 <= self.alpha <= 1.0:
+      raise ValueError(f"ThinkingConfig.alpha must be in [0, 1], got {self.alpha}")
+    if self.epsilon < 0:
+      raise ValueError(f"ThinkingConfig.epsilon must be >= 0, got {self.epsilon}")
+    if self.top_k < 1:
+      raise ValueError(f"ThinkingConfig.top_k must be >= 1, got {self.top_k}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,6 +107,7 @@ class SamplingConfig:
       decoding is jitted: `stop_string_cut`).
     allowed_token_ids: restrict the action vocabulary (constrained decoding), or None for all.
       The learner applies the same restriction, so training log-probs match sampling log-probs.
+    thinking: T²PO's thinking intervention, or None (off: sampling is exactly as without it).
   """
 
   temperature: float = 1.0
@@ -47,6 +117,7 @@ class SamplingConfig:
   stop_token_ids: tuple[int, ...] = ()
   stop_strings: tuple[str, ...] = ()
   allowed_token_ids: tuple[int, ...] | None = None
+  thinking: ThinkingConfig | None = None
 
   def __post_init__(self):
     if self.temperature < 0:
@@ -66,6 +137,12 @@ class SamplingConfig:
       raise ValueError(f"SamplingConfig.max_action_tokens must be positive, got {self.max_action_tokens}")
     if self.allowed_token_ids is not None and not self.allowed_token_ids:
       raise ValueError("SamplingConfig.allowed_token_ids is empty: nothing could be sampled")
+    if self.thinking is not None:
+      markers = {self.thinking.open_token_id, self.thinking.close_token_id}
+      if markers & set(self.stop_token_ids):
+        # A forced close that ends the turn would leave the turn without its action.
+        raise ValueError(f"SamplingConfig.thinking: the think markers {sorted(markers)} must not be "
+                         f"stop tokens {self.stop_token_ids}")
 
 
 def vocabulary_mask(vocab_size: int, allowed_token_ids: tuple[int, ...] | None) -> jax.Array | None:
@@ -99,6 +176,9 @@ class TurnSample(NamedTuple):
   model: `obs_routing` [B, T, layers, k] for the observation chunk and `routing`
   [B, A, layers, k] for the sampled tokens (None for a dense policy). The learner replays them
   so its forward pass routes exactly as sampling did (ALGORITHMS.md B.6).
+
+  With a thinking intervention, `forced` [B, A] marks the close tokens it wrote instead of
+  drawing (their log-prob is 0; they are not the policy's samples); None when thinking is off.
   """
 
   tokens: jax.Array
@@ -107,6 +187,7 @@ class TurnSample(NamedTuple):
   cache: transformer.KVCache
   obs_routing: jax.Array | None = None
   routing: jax.Array | None = None
+  forced: jax.Array | None = None
 
 
 def _forward(model, tokens, pos, cache):
@@ -153,6 +234,101 @@ def row_keys(rng: jax.Array, row_ids: jax.Array) -> jax.Array:
   return jax.vmap(lambda r: jax.random.fold_in(rng, r))(row_ids)
 
 
+def check_thinking(thinking: ThinkingConfig | None, vocab_size: int) -> None:
+  """Raises a ValueError when a think marker id lies outside the vocabulary [0, vocab_size)."""
+  if thinking is None:
+    return
+  for name in ("open_token_id", "close_token_id"):
+    value = getattr(thinking, name)
+    if not 0 <= value < vocab_size:
+      raise ValueError(f"ThinkingConfig.{name}={value} is outside the vocabulary [0, {vocab_size})")
+
+
+class TokenUncertainty(NamedTuple):
+  """Entropy H [...] (top-k, normalised by log|V|) and confidence C = max p [...] of a token."""
+
+  entropy: jax.Array
+  confidence: jax.Array
+
+
+def token_uncertainty(logp: jax.Array, top_k: int, support: int) -> TokenUncertainty:
+  """H = −Σ_top-k p log p / log(support) and C = max p of normalised log-probs [..., V].
+
+  `support` is |V|, the number of tokens the policy may draw (at least 2 is used, so a
+  one-token support does not divide by 0). Masked tokens (log-prob −1e30) add exactly 0.
+  """
+  top = jax.lax.top_k(logp, min(top_k, logp.shape[-1]))[0]
+  entropy = -jnp.sum(jnp.exp(top) * jnp.maximum(top, -1e4), axis=-1) / jnp.log(max(support, 2))
+  return TokenUncertainty(entropy=entropy, confidence=jnp.exp(top[..., 0]))
+
+
+@flax.struct.dataclass
+class ThinkState:
+  """Per-row thinking state carried through the decode loop ([B] or [B, ring]).
+
+  Attributes:
+    thinking: inside a thinking block.
+    count: j, thinking tokens of the current block so far.
+    entropy, confidence: [B, w] the last w thinking tokens' H and C, token j at slot (j−1) mod w
+      (zeros in slots the block has not reached, so sums are over its tokens only).
+    score: [B, w + 1] M of the last w + 1 thinking tokens, M_j at slot j mod (w + 1).
+  """
+
+  thinking: jax.Array
+  count: jax.Array
+  entropy: jax.Array
+  confidence: jax.Array
+  score: jax.Array
+
+
+def initial_think_state(thinking: jax.Array, window: int) -> ThinkState:
+  """Rows in `thinking` [B] start inside a fresh block; the others outside any block."""
+  b = thinking.shape[0]
+  return ThinkState(thinking=thinking, count=jnp.zeros((b,), jnp.int32),
+                    entropy=jnp.zeros((b, window), jnp.float32),
+                    confidence=jnp.zeros((b, window), jnp.float32),
+                    score=jnp.zeros((b, window + 1), jnp.float32))
+
+
+def stalled(state: ThinkState, config: ThinkingConfig) -> jax.Array:
+  """[B] bool: the next token must be the close token (the intervention's trigger)."""
+  j, w = state.count, config.window
+  ring = w + 1
+  now = jnp.take_along_axis(state.score, (j % ring)[:, None], axis=1)[:, 0]
+  lagged = jnp.take_along_axis(state.score, ((j - w) % ring)[:, None], axis=1)[:, 0]
+  flat = (j >= config.min_tokens - 1) & (j > w) & (jnp.abs(now - lagged) < config.epsilon)
+  return state.thinking & ((j >= config.budget) | flat)
+
+
+def advance_thinking(state: ThinkState, token: jax.Array, uncertainty: TokenUncertainty,
+                     emit: jax.Array, config: ThinkingConfig) -> ThinkState:
+  """The state after each row emitted `token` [B] (rows with `emit` False stay as they were).
+
+  `uncertainty` is H and C of the distribution the token came from. A thinking token (any token
+  but the close inside a block) becomes token j + 1 with M_{j+1} = α·H̄ + (1 − α)·(1 − C̄) over
+  the last min(j + 1, w) thinking tokens; the close token ends the block; the open token outside
+  a block starts a fresh one.
+  """
+  w = config.window
+  inside = emit & state.thinking & (token != config.close_token_id)
+  slot = jax.nn.one_hot(state.count % w, w, dtype=bool) & inside[:, None]
+  entropy = jnp.where(slot, uncertainty.entropy[:, None], state.entropy)
+  confidence = jnp.where(slot, uncertainty.confidence[:, None], state.confidence)
+  count = state.count + inside.astype(jnp.int32)
+  seen = jnp.minimum(count, w).astype(jnp.float32)
+  mean = lambda x: x.sum(axis=1) / jnp.maximum(seen, 1.0)
+  score_now = config.alpha * mean(entropy) + (1 - config.alpha) * (1 - mean(confidence))
+  score = jnp.where(jax.nn.one_hot(count % (w + 1), w + 1, dtype=bool) & inside[:, None],
+                    score_now[:, None], state.score)
+  closed = emit & state.thinking & (token == config.close_token_id)
+  opened = emit & ~state.thinking & (token == config.open_token_id)
+  fresh = initial_think_state(opened, w)
+  keep = lambda new, old: jnp.where(opened.reshape((-1,) + (1,) * (new.ndim - 1)), old, new)
+  return ThinkState(thinking=(state.thinking & ~closed) | opened,
+                    count=keep(count, fresh.count), entropy=keep(entropy, fresh.entropy),
+                    confidence=keep(confidence, fresh.confidence), score=keep(score, fresh.score))
+
+
 def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KVCache,
                 obs_tokens: jax.Array, obs_len: jax.Array, active: jax.Array, turn: jax.Array,
                 rng: jax.Array, row_ids: jax.Array | None = None, *, config: SamplingConfig,
@@ -197,33 +373,51 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
   cache = cache.replace(length=cache.length + obs_len)
   last = jnp.take_along_axis(logits, jnp.maximum(obs_len - 1, 0)[:, None, None], axis=1)[:, 0]
   stops = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
+  thinking = config.thinking
+  check_thinking(thinking, vocab_size)
+  support = vocab_size if config.allowed_token_ids is None else len(config.allowed_token_ids)
 
   def decode_step(carry, step):
-    cache, logits, finished, slot = carry
+    cache, logits, finished, slot, think = carry
     logp = policy_log_probs(logits, allowed, config.temperature if config.temperature > 0 else 1.0)
     token = _draw(jax.vmap(lambda k: jax.random.fold_in(k, step))(keys), logp, config)
     token_logp = jnp.take_along_axis(logp, token[:, None], axis=1)[:, 0]
     emit = ~finished
+    out = {}
+    if thinking is not None:
+      # The draw is still made (and discarded) so a row's keys and later draws do not depend on
+      # whether it was forced.
+      forced = emit & stalled(think, thinking)
+      token = jnp.where(forced, thinking.close_token_id, token)
+      token_logp = jnp.where(forced, 0.0, token_logp)
+      think = advance_thinking(think, token, token_uncertainty(logp, thinking.top_k, support),
+                               emit, thinking)
+      out["forced"] = forced
     token = jnp.where(emit, token, 0)
     pos = transformer.Positions(position=cache.length[:, None], turn=jnp.full((b, 1), turn, jnp.int32),
                                 slot=slot[:, None], floor=floor_of(1))
     next_logits, cache, experts = _forward(model, token[:, None], pos, cache)
     cache = cache.replace(length=cache.length + emit.astype(jnp.int32))
     finished = finished | jnp.isin(token, stops)
-    carry = (cache, next_logits[:, 0], finished, slot + 1)
-    routed = () if experts is None else (experts[:, 0],)
-    return carry, (token, jnp.where(emit, token_logp, 0.0), emit, *routed)
+    carry = (cache, next_logits[:, 0], finished, slot + 1, think)
+    out.update(token=token, logprob=jnp.where(emit, token_logp, 0.0), emit=emit)
+    if experts is not None:
+      out["routing"] = experts[:, 0]
+    return carry, out
 
-  init = (cache, last, ~active, obs_len.astype(jnp.int32))
-  (cache, _, _, _), (tokens, logprobs, emitted, *routed) = jax.lax.scan(
-      decode_step, init, jnp.arange(config.max_action_tokens))
+  think = None
+  if thinking is not None:
+    think = initial_think_state(active & thinking.start_thinking, thinking.window)
+  init = (cache, last, ~active, obs_len.astype(jnp.int32), think)
+  (cache, _, _, _, _), out = jax.lax.scan(decode_step, init, jnp.arange(config.max_action_tokens))
   if cache is not full and cache.capacity < full.capacity:
     cache = full.replace(k=full.k.at[:, :, :window].set(cache.k),
                          v=full.v.at[:, :, :window].set(cache.v), length=cache.length)
-  return TurnSample(tokens=tokens.T, logprobs=logprobs.T,
-                    num_tokens=emitted.sum(axis=0).astype(jnp.int32), cache=cache,
+  return TurnSample(tokens=out["token"].T, logprobs=out["logprob"].T,
+                    num_tokens=out["emit"].sum(axis=0).astype(jnp.int32), cache=cache,
                     obs_routing=obs_routing,
-                    routing=jnp.swapaxes(routed[0], 0, 1) if routed else None)
+                    routing=jnp.swapaxes(out["routing"], 0, 1) if "routing" in out else None,
+                    forced=out["forced"].T if "forced" in out else None)
 
 
 def make_turn_sampler(graphdef: nnx.GraphDef, config: SamplingConfig, vocab_size: int):
@@ -240,6 +434,26 @@ def make_turn_sampler(graphdef: nnx.GraphDef, config: SamplingConfig, vocab_size
                        config=config, vocab_size=vocab_size, floor=floor, window=window)
 
   return jax.jit(fn, donate_argnums=(1,), static_argnames=("window",))
+
+
+def outside_thinking(ids: Sequence[int], thinking: ThinkingConfig | None) -> list[int]:
+  """The ids of an action outside its thinking blocks (markers included in the blocks).
+
+  What the env is shown: the reasoning stays in the conversation but is not the action. A block
+  still open at the end of the turn hides the rest of it.
+  """
+  if thinking is None:
+    return list(ids)
+  inside = thinking.start_thinking
+  kept = []
+  for i in ids:
+    if inside:
+      inside = i != thinking.close_token_id
+    elif i == thinking.open_token_id:
+      inside = True
+    else:
+      kept.append(i)
+  return kept
 
 
 def rolled_back(cache: transformer.KVCache, drop: jax.Array) -> transformer.KVCache:
