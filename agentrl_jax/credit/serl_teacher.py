@@ -26,22 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentrl_jax.credit import serl
-from agentrl_jax.learner import step as step_lib
-from agentrl_jax.models import transformer
 from agentrl_jax.offline import ahead
 
 
 def _no_hint(ctx: ahead.HintContext) -> str:
   del ctx
   return ""  # SERL's immediate-feedback mode: the feedback alone, never a corrective hint
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Policy:
-  graphdef: Any
-  allowed: jax.Array | None
-  temperature: float
-  max_actions: int
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
@@ -55,7 +45,6 @@ class PrivilegedTeacher:
 
   sync_every: int = 10
   feedback_max_chars: int = 200
-  _policy: _Policy | None = dataclasses.field(default=None, repr=False)
   _teacher: Any = dataclasses.field(default=None, repr=False)
   _batches: int = 0
   _score: Any = dataclasses.field(default=None, repr=False)
@@ -67,12 +56,13 @@ class PrivilegedTeacher:
 
   def bind(self, *, graphdef, allowed, temperature: float, max_actions: int) -> PrivilegedTeacher:
     """Called by the learner once the policy's structure is known."""
-    self._policy = _Policy(graphdef, allowed, temperature, max_actions)
-    self._score = jax.jit(self._teacher_logprob)
+    # Each student action token gets the teacher's log-prob of the same id (a token whose env
+    # faulted before the step was recorded keeps the student's, so SERL leaves it unchanged).
+    self._score = ahead.teacher_logprob_fn(graphdef, allowed, temperature, max_actions)
     return self
 
   def collect(self, runner, make_env, seeds, group_ids, *, params, rng, row_ids):
-    if self._policy is None:
+    if self._score is None:
       raise ValueError("PrivilegedTeacher.collect before bind(): the learner binds the policy")
     envs = [ahead.RecordingEnv(make_env(), _no_hint) for _ in seeds]
     traj, stats = runner.collect(envs, seeds, group_ids, params=params, rng=rng, row_ids=row_ids)
@@ -87,25 +77,6 @@ class PrivilegedTeacher:
     traj.extras[serl.UPDATE_STEP_KEY] = np.full((len(seeds),), self._batches, np.int32)
     self._batches += 1
     return traj, stats
-
-  def _teacher_logprob(self, params, student_action_mask, student_logprob, t_tokens, t_turns,
-                       t_action_mask):
-    """[B, L]: the teacher's log-prob of each student action token, at that token's position.
-
-    The k-th action token of a row is the same id in both conversations; a student token the
-    teacher has no counterpart for (its env faulted before the step was recorded) keeps the
-    student's log-prob, so its gap is 0 and SERL leaves it unchanged.
-    """
-    p = self._policy
-    t_view = step_lib.action_view(t_action_mask, p.max_actions)
-    logp, _ = step_lib.action_log_probs(p.graphdef, params, t_tokens,
-                                        transformer.positions_from_turns(t_turns), t_view,
-                                        p.allowed, p.temperature)
-    s_view = step_lib.action_view(student_action_mask, p.max_actions)
-    rows = jnp.arange(student_logprob.shape[0])[:, None]
-    both = s_view.valid & t_view.valid
-    return student_logprob.at[rows, s_view.index].set(
-        jnp.where(both, logp, s_view.gather(student_logprob)))
 
   def state_dict(self) -> dict[str, Any]:
     return {"batches": self._batches}

@@ -209,6 +209,11 @@ def teacher_inputs(traj: types.Trajectories, records: Sequence[Sequence[StepReco
 
 
 def make_teacher_fn(setup: common.Setup):
+  """`teacher_logprob_fn` for a resolved run."""
+  return teacher_logprob_fn(setup.graphdef, setup.allowed, setup.temperature, setup.max_actions)
+
+
+def teacher_logprob_fn(graphdef, allowed, temperature: float, max_actions: int):
   """Jitted `(teacher_params, student mask and log-probs [B, L], teacher inputs) -> [B, L]`.
 
   The teacher's log-prob of the k-th action token of a row is written at the position of the
@@ -218,11 +223,11 @@ def make_teacher_fn(setup: common.Setup):
 
   def teacher_logprob(params, student_action_mask, student_logprob, t_tokens, t_turns,
                       t_action_mask):
-    t_view = step_lib.action_view(t_action_mask, setup.max_actions)
-    logp, _ = step_lib.action_log_probs(setup.graphdef, params, t_tokens,
+    t_view = step_lib.action_view(t_action_mask, max_actions)
+    logp, _ = step_lib.action_log_probs(graphdef, params, t_tokens,
                                         transformer.positions_from_turns(t_turns), t_view,
-                                        setup.allowed, setup.temperature)
-    s_view = step_lib.action_view(student_action_mask, setup.max_actions)
+                                        allowed, temperature)
+    s_view = step_lib.action_view(student_action_mask, max_actions)
     rows = jnp.arange(student_logprob.shape[0])[:, None]
     both = s_view.valid & t_view.valid
     return student_logprob.at[rows, s_view.index].set(
