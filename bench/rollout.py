@@ -16,7 +16,6 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from agentrl_jax.envs import base

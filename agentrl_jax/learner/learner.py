@@ -9,7 +9,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import inspect
-import os
 import time
 from typing import Any, Callable, Sequence
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import time
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -307,13 +306,8 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
         "ahead.train runs one on-policy step per batch: set LossConfig.ppo_epochs = "
         f"num_minibatches = 1, got {loss.ppo_epochs}, {loss.num_minibatches}")
   hint_fn = hint_fn or HINTS.get(config.env_name, expert_hint)
-  setup, params = common.resolve(config, model, rollout, tokenizer_path)
-  os.makedirs(workdir, exist_ok=True)
-  writer = metrics_lib.MetricsWriter(workdir, process_index=jax.process_index())
-  base_key = jax.random.key(config.seed)
-  params = common.warm_start(setup, params, warm_start, config.seed)
-  before = common.evaluate(setup, params, evaluation, jax.random.fold_in(base_key, 0))
-  writer.write(0, {f"{k}_before": v for k, v in before.items()})
+  setup, params, writer, base_key, before = common.start(
+      workdir, config, model, rollout, warm_start, evaluation, tokenizer_path)
 
   estimator = estimators.get_estimator(config.estimator)
   kwargs = dict(config.estimator_kwargs)

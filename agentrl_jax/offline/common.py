@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -17,12 +17,14 @@ import numpy as np
 import optax
 
 from agentrl_jax import config_errors
+from agentrl_jax import files
 from agentrl_jax import types
 from agentrl_jax.envs import base as envs_base
 from agentrl_jax.envs import registry
 from agentrl_jax.learner import configs
 from agentrl_jax.learner import evaluate as evaluate_lib
 from agentrl_jax.learner import learner as learner_lib
+from agentrl_jax.learner import metrics as metrics_lib
 from agentrl_jax.learner import step as step_lib
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer
@@ -89,6 +91,30 @@ def resolve(config: configs.TrainConfig, model: transformer.TransformerConfig | 
       runner=loop_lib.RolloutRunner(graphdef, model, tok, rollout),
       greedy_runner=loop_lib.RolloutRunner(graphdef, model, tok, greedy))
   return setup, params
+
+
+class Start(NamedTuple):
+  """What every entry has before its first update."""
+
+  setup: Setup
+  params: Any
+  writer: metrics_lib.MetricsWriter
+  base_key: jax.Array
+  before: dict[str, float]
+
+
+def start(workdir: str, config: configs.TrainConfig, model: transformer.TransformerConfig | None,
+          rollout: loop_lib.RolloutConfig, warm: configs.WarmStartConfig,
+          evaluation: configs.EvalConfig, tokenizer_path: str | None) -> Start:
+  """Resolves the run, opens its metrics, warm-starts and records held-out success before RL."""
+  setup, params = resolve(config, model, rollout, tokenizer_path)
+  files.makedirs(workdir)
+  writer = metrics_lib.MetricsWriter(workdir, process_index=jax.process_index())
+  base_key = jax.random.key(config.seed)
+  params = warm_start(setup, params, warm, config.seed)
+  before = evaluate(setup, params, evaluation, jax.random.fold_in(base_key, 0))
+  writer.write(0, {f"{k}_before": v for k, v in before.items()})
+  return Start(setup, params, writer, base_key, before)
 
 
 def task_batch(config: configs.TrainConfig, iteration: int, first_seed: int = 0

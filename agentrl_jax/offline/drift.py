@@ -150,13 +150,8 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   within an epoch. The workdir holds the store (`trajectories/`), checkpoints and metrics; a
   rerun resumes both the collection and the training.
   """
-  setup, params = common.resolve(config, model, rollout, tokenizer_path)
-  os.makedirs(workdir, exist_ok=True)
-  writer = metrics_lib.MetricsWriter(workdir, process_index=jax.process_index())
-  base_key = jax.random.key(config.seed)
-  params = common.warm_start(setup, params, warm_start, config.seed)
-  before = common.evaluate(setup, params, evaluation, jax.random.fold_in(base_key, 0))
-  writer.write(0, {f"{k}_before": v for k, v in before.items()})
+  setup, params, writer, base_key, before = common.start(
+      workdir, config, model, rollout, warm_start, evaluation, tokenizer_path)
 
   store = store_lib.TrajectoryStore(os.path.join(workdir, "trajectories"))
   collect_offline(setup, params, config, drift, store)

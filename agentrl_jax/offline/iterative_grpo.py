@@ -220,15 +220,10 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     raise config_errors.ConfigError(
         "iterative_grpo.train samples candidates with one forward pass per context and needs "
         "TrainConfig.restrict_to_action_words = True")
-  setup, params = common.resolve(config, model, rollout, tokenizer_path)
+  setup, params, writer, base_key, before = common.start(
+      workdir, config, model, rollout, warm_start, evaluation, tokenizer_path)
   q_cfg = dataclasses.replace(q_model or setup.model, vocab_size=setup.model.vocab_size, head="value")
   q_graphdef, q_params = transformer.create(q_cfg, config.seed + 1)
-  os.makedirs(workdir, exist_ok=True)
-  writer = metrics_lib.MetricsWriter(workdir, process_index=jax.process_index())
-  base_key = jax.random.key(config.seed)
-  params = common.warm_start(setup, params, warm_start, config.seed)
-  before = common.evaluate(setup, params, evaluation, jax.random.fold_in(base_key, 0))
-  writer.write(0, {f"{k}_before": v for k, v in before.items()})
 
   rows = iterative.contexts_per_step * iterative.candidates
   if rows % loss.num_minibatches:

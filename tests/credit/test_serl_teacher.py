@@ -13,7 +13,6 @@ import pytest
 from agentrl_jax.credit import serl
 from agentrl_jax.credit import serl_teacher
 from agentrl_jax.envs import registry
-from agentrl_jax.learner import step as step_lib
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer as tfm
 from agentrl_jax.rollout import loop as loop_lib

@@ -98,7 +98,7 @@ def test_paths_never_leave_the_sandbox():
   assert "no such file" in env.step("cat ../../../../etc/passwd").observation
   assert "no such file" in env.step("cat /etc/shadow").observation
   escape = f"agentrl_escape_{uuid.uuid4().hex}"
-  env.step(f"mkdir -p /tmp")
+  env.step("mkdir -p /tmp")
   env.step(f"echo owned > ../../../../tmp/{escape}")
   # The write landed in the sandbox's /tmp, and nowhere on the host.
   assert env.fs.files[f"/tmp/{escape}"] == "owned\n"

@@ -172,6 +172,7 @@ def test_key_grouped_gigpo_merges_structurally_equivalent_states():
   # apples.": different text, one structural key. Both then act from that state at turn 1.
   traj = _rooms_batch(["a", "b"])
   kitchen, garage = "You are in the Kitchen with 3 apples.", "You are in the Garage with 17 apples."
+  assert experience.structural_key(kitchen) == experience.structural_key(garage)
   np.testing.assert_array_equal(traj.extras[experience.STATE_KEY][:, 0],
                                 [experience.key_id(experience.structural_key(kitchen))] * 2)
   assert traj.obs_hash[0, 0] != traj.obs_hash[1, 0]

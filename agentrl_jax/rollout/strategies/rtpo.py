@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import os
 import time
 from typing import Any, Sequence
 
@@ -285,13 +284,8 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   `rtpo.branches` continuations. The optimizer schedule counts one step per depth update
   (at most `rollout.max_turns` per iteration).
   """
-  setup, params = offline_common.resolve(config, model, rollout, tokenizer_path)
-  os.makedirs(workdir, exist_ok=True)
-  writer = metrics_lib.MetricsWriter(workdir, process_index=jax.process_index())
-  base_key = jax.random.key(config.seed)
-  params = offline_common.warm_start(setup, params, warm_start, config.seed)
-  before = offline_common.evaluate(setup, params, evaluation, jax.random.fold_in(base_key, 0))
-  writer.write(0, {f"{k}_before": v for k, v in before.items()})
+  setup, params, writer, base_key, before = offline_common.start(
+      workdir, config, model, rollout, warm_start, evaluation, tokenizer_path)
   optimizer = offline_common.make_optimizer(optim, config.num_iterations * setup.rollout.max_turns)
   tasks = config.tasks_per_iteration
   size = tasks * rtpo.max_prefixes * rtpo.branches
