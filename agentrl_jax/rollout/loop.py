@@ -4,11 +4,13 @@ Each turn: every live env's new observation is tokenized once on arrival and app
 conversation; one jitted call prefills those tokens into the per-row KV cache and samples the
 actions; each action is cut on the host at its first stop string and at the trajectory's token
 budget (the cache is rolled back to the kept tokens); the kept ids are written to the trajectory
-exactly as drawn (TITO), decoded to text, and sent to the envs. With a thinking intervention
-(`SamplingConfig.thinking`) the close tokens it forced stay in the conversation but out of
-`action_mask` (the policy did not sample them), and the env sees the action without its thinking. A context-window policy
+exactly as drawn (TITO), decoded to text, and sent to the envs. A context-window policy
 (`rollout/context.py`) masks old turns through per-turn attention floors, recorded for the
 learner. The result is one `Trajectories` with static shapes.
+
+With a thinking intervention (`SamplingConfig.thinking`) the close tokens it forced stay in the
+conversation and the action span but out of `action_mask` (the policy did not sample them), and
+the env sees the action without its thinking blocks.
 """
 
 from __future__ import annotations
@@ -378,14 +380,20 @@ class RolloutRunner:
       table[i, start + len(ids):start + len(ids) + num[i]] = routing[i, :num[i]]
 
   def _scripted_actions(self, envs, actor, actor_rng, active):
-    """Tokenized scripted actions, ended by the first stop token the way the policy must end them."""
+    """Tokenized scripted actions, ended by the first stop token the way the policy must end them.
+
+    When every turn opens inside a thinking block, a demonstration first closes it (an empty
+    thought), so the env is shown the scripted action rather than nothing.
+    """
     sampling = self.config.sampling
     stop = list(sampling.stop_token_ids[:1])
+    thinking = sampling.thinking
+    opening = [thinking.close_token_id] if thinking is not None and thinking.start_thinking else []
+    room = sampling.max_action_tokens - len(stop) - len(opening)
     actions = [([], [], []) for _ in envs]
     for i in np.flatnonzero(active):
       rng = actor_rng if isinstance(actor_rng, np.random.Generator) else actor_rng[i]
-      ids = self.tokenizer.encode(actor(envs[i], rng))[:sampling.max_action_tokens - len(stop)]
-      ids = ids + stop
+      ids = opening + self.tokenizer.encode(actor(envs[i], rng))[:max(room, 0)] + stop
       actions[i] = (ids, [0.0] * len(ids), [False] * len(ids))
     return actions
 

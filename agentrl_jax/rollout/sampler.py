@@ -143,6 +143,10 @@ class SamplingConfig:
         # A forced close that ends the turn would leave the turn without its action.
         raise ValueError(f"SamplingConfig.thinking: the think markers {sorted(markers)} must not be "
                          f"stop tokens {self.stop_token_ids}")
+      if self.thinking.start_thinking and self.max_action_tokens < 2:
+        # The one token would be a thought or a forced close: the env could never see an action.
+        raise ValueError(f"SamplingConfig.thinking.start_thinking needs max_action_tokens >= 2, got "
+                         f"{self.max_action_tokens}")
 
 
 def vocabulary_mask(vocab_size: int, allowed_token_ids: tuple[int, ...] | None) -> jax.Array | None:
@@ -296,7 +300,7 @@ def stalled(state: ThinkState, config: ThinkingConfig) -> jax.Array:
   ring = w + 1
   now = jnp.take_along_axis(state.score, (j % ring)[:, None], axis=1)[:, 0]
   lagged = jnp.take_along_axis(state.score, ((j - w) % ring)[:, None], axis=1)[:, 0]
-  flat = (j >= config.min_tokens - 1) & (j > w) & (jnp.abs(now - lagged) < config.epsilon)
+  flat = (j >= config.min_tokens) & (j > w) & (jnp.abs(now - lagged) < config.epsilon)
   return state.thinking & ((j >= config.budget) | flat)
 
 
@@ -354,7 +358,8 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
       write past the window would be clamped). Attention and cache copies then cost O(window)
       instead of O(capacity), which is most of a turn's cost while the conversation is short.
   Returns:
-    TurnSample; tokens past a row's `num_tokens` are padding (0).
+    TurnSample; tokens past a row's `num_tokens` are padding (0). With `config.thinking`,
+    `forced` marks the close tokens the intervention wrote (log-prob 0).
   """
   model = nnx.merge(graphdef, params)
   full = cache

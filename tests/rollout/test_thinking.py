@@ -126,8 +126,8 @@ def test_think_state_by_hand():
 
 @pytest.mark.parametrize("jit", [False, True])
 def test_think_state_matches_numpy_reference(jit):
-  cfg = sampler_lib.ThinkingConfig(open_token_id=1, close_token_id=2, min_tokens=4, budget=6,
-                                   window=3, alpha=0.3, epsilon=0.05)
+  cfg = sampler_lib.ThinkingConfig(open_token_id=1, close_token_id=2, min_tokens=5, budget=7,
+                                   window=2, alpha=0.3, epsilon=0.1)
   rng = np.random.default_rng(1)
   steps = 24
   # Row 0 thinks from the start; row 1 opens at step 2; row 2 opens, closes and opens again;
@@ -258,8 +258,25 @@ def test_bad_thinking_config_is_rejected(tok, model):
   with pytest.raises(ValueError, match="stop tokens"):
     sampler_lib.SamplingConfig(stop_token_ids=(3,), thinking=sampler_lib.ThinkingConfig(
         open_token_id=2, close_token_id=3))
+  with pytest.raises(ValueError, match="max_action_tokens >= 2, got 1"):
+    sampler_lib.SamplingConfig(max_action_tokens=1, thinking=sampler_lib.ThinkingConfig(
+        open_token_id=2, close_token_id=3, start_thinking=True))
   far = sampler_lib.SamplingConfig(thinking=sampler_lib.ThinkingConfig(
       open_token_id=2, close_token_id=10**6))
   cfg, graphdef, _ = model
   with pytest.raises(ValueError, match="close_token_id=1000000 is outside the vocabulary"):
     loop_lib.RolloutRunner(graphdef, cfg, tok, loop_lib.RolloutConfig(sampling=far))
+
+
+def test_scripted_demonstrations_close_an_opened_thought(tok, model):
+  # With start_thinking the env would be shown nothing of a demo left inside the block.
+  cfg, graphdef, _ = model
+  sampling = sampler_lib.SamplingConfig(max_action_tokens=4, stop_token_ids=(tok.end_id,),
+                                        thinking=_thinking(tok, start_thinking=True))
+  runner = loop_lib.RolloutRunner(graphdef, cfg, tok, loop_lib.RolloutConfig(
+      max_turns=4, max_len=160, obs_buckets=(48,), sampling=sampling))
+  envs = [registry.make("frozenlake") for _ in range(2)]
+  traj, _ = runner.collect(envs, [0, 1], [0, 1], actor=loop_lib.noisy_expert(0.0),
+                           actor_rng=np.random.default_rng(0))
+  assert traj.action_valid[traj.turn_mask].all()
+  assert (traj.tokens[np.arange(2), traj.turn_start[:, 0]] == tok.eos_id).all()

@@ -11,8 +11,11 @@ Score [ABSTRACT in the spec]: per action token j, H_j = top-k entropy / log|V| a
 M_j = α·H̄_j + (1 − α)·(1 − C̄_j) with bars = trailing means over the last `window` tokens;
 U = mean_j M_j over the response.
 
-Not implemented: the token-level thinking intervention (closing `<think>` once M stalls), which
-needs control inside the jitted decode loop.
+Token-level thinking intervention: set `SamplingConfig.thinking` (`sampler.ThinkingConfig`); the
+decode loop then closes a thinking block once M stalls after j_min tokens or the block reaches its
+budget. The strategy's draws (first and resampled) go through that loop, and the close tokens it
+forced are kept in the conversation but out of `action_mask`, as in `RolloutRunner.collect`.
+The turn score U is taken over all of a response's tokens, forced ones included.
 
 Gin: `learner.train.strategy = @t2po.TurnResampling()`.
 """
@@ -28,6 +31,7 @@ import numpy as np
 
 from agentrl_jax import types
 from agentrl_jax.rollout import loop as loop_lib
+from agentrl_jax.rollout import sampler as sampler_lib
 from agentrl_jax.rollout.strategies import common
 
 _RETRY_SALT = 0x7D5
@@ -67,6 +71,45 @@ def resample_mask(u: np.ndarray, prev_u: np.ndarray, candidates: np.ndarray, tur
     return np.zeros(u.shape, bool)
   delta = np.abs(u - prev_u)
   return np.asarray(candidates, bool) & (delta > 0) & (delta < threshold)
+
+
+class _ForcedRecorder:
+  """Wraps a runner's jitted turn samplers to keep the last call's `TurnSample.forced`.
+
+  `common.sample_turn` returns ids and log-probs only; the forced flags line up with a row's
+  kept ids (a stop-string cut only drops a tail), so they are read back after each draw.
+  """
+
+  def __init__(self, tool: common.Tools):
+    self.last = None
+    self.tool = dataclasses.replace(tool, sample_turn=self._wrap(tool.sample_turn),
+                                    greedy_turn=self._wrap(tool.greedy_turn))
+
+  def _wrap(self, fn):
+    def recorded(*args, **kwargs):
+      out = fn(*args, **kwargs)
+      self.last = out.forced
+      return out
+    return recorded
+
+  def forced(self, draw: common.TurnDraw) -> list[np.ndarray]:
+    """Per row, which of the last draw's kept tokens were forced (all False with thinking off)."""
+    flags = None if self.last is None else np.asarray(jax.device_get(self.last))
+    return [np.zeros(len(ids), bool) if flags is None else flags[i, :len(ids)].copy()
+            for i, ids in enumerate(draw.tokens)]
+
+
+def _unmask_forced(batch: common.RowBatch, rows: np.ndarray, forced: list[np.ndarray],
+                   turn: int) -> None:
+  """Takes the forced tokens of the just-written turn out of `action_mask` (they stay in
+  `tokens`; their sample log-prob is already 0) and counts them per turn."""
+  traj = batch.traj
+  counts = traj.extras.setdefault(loop_lib.THINK_FORCED_KEY,
+                                  np.zeros(traj.reward.shape, np.float32))
+  for i in rows:
+    start = traj.turn_start[i, turn]
+    traj.action_mask[i, start:start + len(forced[i])] &= ~forced[i]
+    counts[i, turn] = float(forced[i].sum())
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,11 +152,14 @@ class TurnResampling:
     """Plays one episode per seed with TDS.
 
     Returns ordinary `Trajectories` plus `extras["t2po_uncertainty"]` [B, N] (U of each kept turn)
-    and `extras["t2po_retries"]` [B, N] (regenerations of each turn).
+    and `extras["t2po_retries"]` [B, N] (regenerations of each turn); with
+    `SamplingConfig.thinking` also `extras[loop.THINK_FORCED_KEY]` [B, N] (forced closes).
     """
     row_ids = common.check_inputs(seeds, group_ids, row_ids)
     start_time = time.perf_counter()
-    tool = common.tools(runner)
+    thinking = runner.config.sampling.thinking is not None
+    recorder = _ForcedRecorder(common.tools(runner))
+    tool = recorder.tool
     b, n_turns = len(seeds), runner.config.max_turns
     batch = common.start(runner, [make_env() for _ in seeds], seeds, group_ids, row_ids)
     stats = loop_lib.RolloutStats(episodes=b)
@@ -126,6 +172,7 @@ class TurnResampling:
         break
       key = common.turn_key(rng, turn)
       draw = common.sample_turn(tool, params, batch, turn, key)
+      forced = recorder.forced(draw)
       u = self._uncertainty(tool, params, batch, draw, turn)
       for attempt in range(1, self.max_try + 1):
         redo = resample_mask(u, prev_u, batch.active, turn, self.threshold)
@@ -133,10 +180,12 @@ class TurnResampling:
           break
         again = common.sample_turn(tool, params, batch, turn,
                                    common.retry_key(key, _RETRY_SALT, attempt), rows=np.flatnonzero(redo))
+        forced_again = recorder.forced(again)
         u_again = self._uncertainty(tool, params, batch, again, turn)
         for i in np.flatnonzero(redo):
           stats.sampled_tokens += len(draw.tokens[i])  # the discarded draw was paid for
           draw.tokens[i], draw.logprobs[i] = again.tokens[i], again.logprobs[i]
+          forced[i] = forced_again[i]
         draw.cache = common.where_cache_rows(redo, again.cache, draw.cache)
         u = np.where(redo, u_again, u)
         retries[redo, turn] += 1
@@ -144,6 +193,8 @@ class TurnResampling:
       kept_u[rows, turn] = u[rows]
       prev_u[rows] = u[rows]
       common.play_turn(runner, tool, batch, draw, turn, stats)
+      if thinking:
+        _unmask_forced(batch, rows, forced, turn)
     batch.traj.extras["t2po_uncertainty"] = kept_u
     batch.traj.extras["t2po_retries"] = retries
     return common.finish(runner, batch, stats, start_time)

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 from agentrl_jax.envs import registry
+from agentrl_jax.rollout import loop as loop_lib
+from agentrl_jax.rollout import sampler as sampler_lib
 from agentrl_jax.rollout.strategies import t2po
 
 
@@ -90,3 +92,30 @@ def test_bad_config_is_rejected():
     t2po.TurnResampling(max_try=-1)
   with pytest.raises(ValueError, match="alpha"):
     t2po.TurnResampling(alpha=2.0)
+
+
+def test_thinking_intervention_in_resampled_turns(tok, model, runner_for, check_tito, check_layout):
+  # ε = 2 exceeds any |ΔM|: every block is forced shut at j = max(min_tokens, window + 1) = 2
+  # unless the policy closes it or stops first; η = 2 redraws every turn k >= 1 once, so kept
+  # turns come from both the first and the resampled draws.
+  thinking = sampler_lib.ThinkingConfig(open_token_id=tok.bos_id, close_token_id=tok.eos_id,
+                                        min_tokens=2, budget=3, window=1, epsilon=2.0,
+                                        start_thinking=True)
+  runner = runner_for(sampler_lib.SamplingConfig(max_action_tokens=5, stop_token_ids=(tok.end_id,),
+                                                 thinking=thinking))
+  seeds = [0, 1, 2, 3]
+  traj, _ = t2po.TurnResampling(threshold=2.0, max_try=1).collect(
+      runner, _make_env, seeds, seeds, params=model[2], rng=jax.random.key(5))
+  check_layout(traj, runner, 4)
+  assert traj.extras["t2po_retries"][:, 1:].any()
+  forced_total = 0
+  for b, k in zip(*np.nonzero(traj.turn_mask)):
+    ids = traj.tokens[b, traj.turn_start[b, k]:traj.turn_end[b, k]]
+    forced = ~traj.action_mask[b, traj.turn_start[b, k]:traj.turn_end[b, k]]
+    assert traj.extras[loop_lib.THINK_FORCED_KEY][b, k] == forced.sum()
+    for j in np.flatnonzero(forced):
+      # A forced token is the close, after exactly two thinking tokens (the first close).
+      assert ids[j] == tok.eos_id and j == 2 and tok.eos_id not in ids[:j], (b, k, ids)
+    forced_total += forced.sum()
+  assert forced_total > 0
+  check_tito(runner, traj)
