@@ -72,6 +72,9 @@ def make_optimizer(config: configs.OptimConfig, total_steps: int) -> optax.Gradi
 def _restricted_sampling(sampling: sampler_lib.SamplingConfig, env, tok: tokenizer_lib.Tokenizer):
   if not env.action_words:
     raise ValueError(f"TrainConfig.restrict_to_action_words: env {env.name!r} has no finite action set")
+  if sampling.thinking is not None:
+    raise ValueError("TrainConfig.restrict_to_action_words = True allows one-token actions, so "
+                     "SamplingConfig.thinking needs restrict_to_action_words = False")
   ids = tuple(tok.single_token_id(word) for word in env.action_words)
   return dataclasses.replace(sampling, allowed_token_ids=ids, max_action_tokens=1)
 

@@ -91,8 +91,15 @@ class Tools:
 _TOOLS: "weakref.WeakKeyDictionary[loop_lib.RolloutRunner, Tools]" = weakref.WeakKeyDictionary()
 
 
-def check_supported(config: loop_lib.RolloutConfig) -> None:
-  """Rejects rollout options the strategies do not implement (rather than ignoring them)."""
+def check_supported(config: loop_lib.RolloutConfig, *, thinking_ok: bool = False) -> None:
+  """Rejects rollout options the strategies do not implement (rather than ignoring them).
+
+  `thinking_ok`: the caller takes forced thinking-close tokens out of the loss itself (T²PO);
+  other strategies would train on them as if sampled.
+  """
+  if not thinking_ok and getattr(getattr(config, "sampling", None), "thinking", None) is not None:
+    raise ValueError("this rollout strategy does not handle SamplingConfig.thinking (forced "
+                     "tokens would be trained as sampled); use t2po.TurnResampling or turn it off")
   workers = getattr(config, "workers", None)
   if getattr(workers, "kind", "thread") != "thread":
     raise ValueError(f"rollout strategies clone envs in this process: WorkerConfig.kind must be "
@@ -106,7 +113,7 @@ def check_supported(config: loop_lib.RolloutConfig) -> None:
                      f"(got {config.max_trajectory_action_tokens}); set it to 0")
 
 
-def tools(runner: loop_lib.RolloutRunner) -> Tools:
+def tools(runner: loop_lib.RolloutRunner, *, thinking_ok: bool = False) -> Tools:
   """The cached `Tools` of `runner` (compiled functions survive across iterations).
 
   Raises:
@@ -114,7 +121,7 @@ def tools(runner: loop_lib.RolloutRunner) -> Tools:
   """
   found = _TOOLS.get(runner)
   if found is None:
-    check_supported(runner.config)
+    check_supported(runner.config, thinking_ok=thinking_ok)
     graphdef = runner.graphdef
     sampling = runner.config.sampling
     vocab = runner.model_config.vocab_size

@@ -158,7 +158,7 @@ class TurnResampling:
     row_ids = common.check_inputs(seeds, group_ids, row_ids)
     start_time = time.perf_counter()
     thinking = runner.config.sampling.thinking is not None
-    recorder = _ForcedRecorder(common.tools(runner))
+    recorder = _ForcedRecorder(common.tools(runner, thinking_ok=True))
     tool = recorder.tool
     b, n_turns = len(seeds), runner.config.max_turns
     batch = common.start(runner, [make_env() for _ in seeds], seeds, group_ids, row_ids)
