@@ -50,8 +50,14 @@ class LossConfig:
   # min(π_old(a)/π_sample(a), tis_cap), correcting for a sampler that is not exactly the policy
   # the update starts from (numerical drift, or a pipelined batch one update stale).
   tis_cap: float | None = None
+  # Importance ratio per 'token' (PPO), per 'turn' (the mean log-ratio of each turn's action
+  # tokens, shared by them: a turn is clipped as one decision; RTPO), or per 'sequence' (GSPO).
+  ratio_level: str = "token"
 
   def __post_init__(self):
+    if self.ratio_level not in ("token", "turn", "sequence"):
+      raise ValueError(f"LossConfig.ratio_level must be 'token', 'turn' or 'sequence', got "
+                       f"{self.ratio_level!r}")
     if self.tis_cap is not None and self.tis_cap < 1:
       raise ValueError(f"LossConfig.tis_cap must be >= 1 (or None), got {self.tis_cap}")
     if self.clip_low <= 0 or self.clip_high <= 0:
@@ -178,16 +184,20 @@ def make_update_fn(
     behaviour = view.gather(traj.sample_logprob)
     drift = policy_loss.aggregate(
         jnp.abs(jax.lax.stop_gradient(logp) - behaviour), view.valid, "token-mean")
-    tis = {}
+    tis, weight = {}, None
     if loss.tis_cap is not None:
       weight = truncated_importance_weights(old_logp, behaviour, view.valid, loss.tis_cap)
-      advantages = advantages * weight
       tis = {"loss/tis_weight": policy_loss.aggregate(weight, view.valid, "token-mean"),
              "loss/tis_truncated": policy_loss.aggregate(
                  (weight >= loss.tis_cap).astype(jnp.float32), view.valid, "token-mean")}
+    ratio_logp = logp
+    if loss.ratio_level == "turn":  # each turn's tokens share the turn's mean log-ratio
+      ratio_logp = jax.lax.stop_gradient(old_logp) + policy_loss.turn_mean_log_ratio(
+          logp, old_logp, view.gather(traj.turn_of_token), mask, traj.turn_mask.shape[1])
     out = policy_loss.clipped_surrogate_loss(
-        logp, old_logp, advantages, mask, clip_low=loss.clip_low, clip_high=loss.clip_high,
-        dual_clip=loss.dual_clip, agg_mode=loss.agg_mode, max_len=loss.max_len_norm)
+        ratio_logp, old_logp, advantages, mask, clip_low=loss.clip_low, clip_high=loss.clip_high,
+        dual_clip=loss.dual_clip, agg_mode=loss.agg_mode, max_len=loss.max_len_norm,
+        is_weights=weight, ratio_level="sequence" if loss.ratio_level == "sequence" else "token")
     ent = policy_loss.aggregate(entropy, mask, "token-mean")
     total = out.loss - loss.entropy_coef * ent
     kl = jnp.zeros(())

@@ -85,6 +85,7 @@ def clipped_surrogate_loss(
     agg_mode: str = "token-mean",
     max_len: int | None = None,
     is_weights: Array | None = None,
+    ratio_level: str = "token",
 ) -> PolicyLossOutput:
   """PPO clipped surrogate with asymmetric clipping and dual clip (Schulman et al. 2017; Ye et al. 2020).
 
@@ -106,6 +107,8 @@ def clipped_surrogate_loss(
     max_len: `L_max` for `seq-mean-token-sum-norm`.
     is_weights: optional `[B, L]` per-token weights, e.g. `min(exp(old_logp − rollout_logp), cap)`
       for rollout/train mismatch; no gradient flows through them.
+    ratio_level: 'token' (PPO), or 'sequence' (GSPO, and RTPO's turn-level ratio): every token of
+      a row shares `Δ_b = mean_t Δ_t` over the row's masked tokens, so the row is clipped as one.
 
   Returns:
     `PolicyLossOutput(loss, clip_fraction, approx_kl)`.
@@ -119,7 +122,14 @@ def clipped_surrogate_loss(
   logp = logp.astype(dtype)
   old_logp = jax.lax.stop_gradient(old_logp.astype(dtype))
   advantages = jax.lax.stop_gradient(advantages.astype(dtype))
+  if ratio_level not in ("token", "sequence"):
+    raise ValueError(f"ratio_level must be 'token' or 'sequence', got {ratio_level!r}")
   log_ratio = jnp.clip(logp - old_logp, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+  if ratio_level == "sequence":
+    weights = mask.astype(dtype)
+    row = jnp.sum(log_ratio * weights, axis=1, keepdims=True) / jnp.maximum(
+        jnp.sum(weights, axis=1, keepdims=True), 1.0)
+    log_ratio = jnp.broadcast_to(row, log_ratio.shape)
   ratio = jnp.exp(log_ratio)
   unclipped = -advantages * ratio
   clipped = -advantages * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)

@@ -1,13 +1,17 @@
-"""Truncated importance sampling and the one-batch-ahead rollout pipeline."""
+"""Truncated importance sampling, the one-batch-ahead rollout pipeline, and ratio levels."""
 
+import functools
 import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from agentrl_jax import config_errors
+from agentrl_jax import types
+from agentrl_jax.advantages import estimators
 from agentrl_jax.learner import configs
 from agentrl_jax.learner import learner
 from agentrl_jax.learner import step as step_lib
@@ -76,3 +80,35 @@ def test_one_batch_ahead_samples_with_the_policy_before_the_update(tmp_path):
   # numerics. One update stale, they are not, and the correction reweights them.
   assert all(abs(r["loss/tis_weight"] - 1) < 1e-4 for r in sync)
   assert abs(ahead[1]["loss/tis_weight"] - 1) > 1e-3
+
+
+def test_turn_and_sequence_ratio_levels_agree_on_one_turn_rows():
+  # With one turn per row, the turn's mean log-ratio is the row's: the two levels must train
+  # identically over two epochs (where the ratio is no longer 1), and differ from per-token ratios.
+  cfg = transformer.tiny(64, d_model=16, num_heads=2, mlp_dim=32)
+  graphdef, params = transformer.create(cfg, 0)
+  rng = np.random.default_rng(0)
+  traj = types.empty_trajectories(4, 12, 1)
+  traj.tokens[:] = rng.integers(8, 64, (4, 12))
+  traj.turn_of_token[:, :10] = 0
+  traj.action_mask[:, 5:10] = True
+  traj.turn_start[:, 0], traj.turn_end[:, 0] = 5, 10
+  traj.turn_mask[:, 0] = traj.done[:, 0] = True
+  traj.outcome[:] = traj.reward[:, 0] = [1.0, 0.0, 1.0, 0.0]
+  traj.group_id[:] = [0, 0, 1, 1]
+  traj.sample_logprob[:, 5:10] = -4.0
+  losses = {}
+  for level in ("token", "turn", "sequence"):
+    opt = optax.sgd(1.0)
+    update = step_lib.make_update_fn(
+        policy_graphdef=graphdef, critic_graphdef=None, policy_optimizer=opt, critic_optimizer=None,
+        advantage_fn=functools.partial(estimators.get_estimator("grpo"), num_groups=4),
+        loss=step_lib.LossConfig(ppo_epochs=2, ratio_level=level), allowed=None, max_actions=8)
+    state = types.ActorCriticState(step=jnp.zeros((), jnp.int32),
+                                   rng=jax.random.key_data(jax.random.key(0)),
+                                   policy_params=jax.tree.map(jnp.copy, params),
+                                   policy_opt_state=opt.init(params))
+    state, _ = update(state, jax.tree.map(jnp.asarray, traj))
+    losses[level] = jax.tree.leaves(state.policy_params)[0]
+  np.testing.assert_allclose(losses["turn"], losses["sequence"], atol=1e-6)
+  assert not np.allclose(losses["turn"], losses["token"], atol=1e-6)

@@ -185,3 +185,20 @@ def test_dr_grpo_aggregation_gradient_does_not_depend_on_length():
   grad = jax.jit(jax.grad(lambda lp: policy.clipped_surrogate_loss(
       lp, logp, adv, mask, agg_mode="seq-mean-token-sum-norm", max_len=8).loss))(logp)
   np.testing.assert_allclose(grad, np.where(mask, -1 / 8, 0), rtol=1e-6)
+
+
+def test_sequence_ratio_clips_each_row_as_one():
+  # Row 0: log-ratios 0.0, 0.4 -> shared 0.2, ratio e^0.2 = 1.2214 > 1.2, A = 1 on both tokens:
+  # clipped at 1.2, loss per token -1.2. Row 1: log-ratio -0.1 alone (its other token is masked),
+  # A = -1: loss e^-0.1 = 0.9048 (inside the clip range). token-mean over 3 tokens.
+  # Per token instead, row 0's first token has ratio 1 (loss -1) and its second is clipped.
+  logp = jnp.array([[0.0, 0.4], [-0.1, 5.0]])
+  mask = jnp.array([[True, True], [True, False]])
+  adv = jnp.array([[1.0, 1.0], [-1.0, -1.0]])
+  out = policy.clipped_surrogate_loss(logp, jnp.zeros((2, 2)), adv, mask, dual_clip=None,
+                                      ratio_level="sequence")
+  np.testing.assert_allclose(out.loss, (-1.2 - 1.2 + np.exp(-0.1)) / 3, rtol=1e-5)
+  token = policy.clipped_surrogate_loss(logp, jnp.zeros((2, 2)), adv, mask, dual_clip=None)
+  np.testing.assert_allclose(token.loss, (-1.0 - 1.2 + np.exp(-0.1)) / 3, rtol=1e-5)
+  with pytest.raises(ValueError, match="ratio_level"):
+    policy.clipped_surrogate_loss(logp, logp, adv, mask, ratio_level="turns")
