@@ -30,7 +30,8 @@ EXTRA = {
 }
 
 
-@pytest.mark.slow
+# About 30 s per config on 2 CPU cores; in the default suite: each method's gin file must be
+# shown to run end to end.
 @pytest.mark.integration
 @pytest.mark.parametrize("name", sorted(EXTRA))
 def test_gin_file_runs_end_to_end(tmp_path, name):

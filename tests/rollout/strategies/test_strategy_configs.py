@@ -37,8 +37,9 @@ def _run_main():
   return module.main
 
 
+# About 15-25 s per config on 2 CPU cores (compiles dominate); in the default suite because each
+# strategy's gin switch must be shown to run end to end.
 @pytest.mark.integration
-@pytest.mark.slow  # about 25 s per config on 2 shared CPU cores (compiles dominate)
 @pytest.mark.parametrize("name", sorted(EXTRA))
 def test_strategy_config_trains(tmp_path, name):
   workdir = str(tmp_path / name)
