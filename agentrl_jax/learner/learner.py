@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
 import inspect
@@ -23,12 +22,14 @@ from agentrl_jax import files
 from agentrl_jax import types
 from agentrl_jax.advantages import estimators
 from agentrl_jax.envs import registry
+from agentrl_jax.learner import batches
 from agentrl_jax.learner import checkpoint as checkpoint_lib
 from agentrl_jax.learner import configs
 from agentrl_jax.learner import evaluate as evaluate_lib
 from agentrl_jax.learner import metrics as metrics_lib
 from agentrl_jax.learner import pipeline
 from agentrl_jax.learner import preemption
+from agentrl_jax.learner import rollouts as rollouts_lib
 from agentrl_jax.learner import step as step_lib
 from agentrl_jax.models import hf
 from agentrl_jax.models import tokenizer as tokenizer_lib
@@ -102,143 +103,6 @@ def _max_actions(rollout: loop_lib.RolloutConfig) -> int:
   if rollout.max_trajectory_action_tokens:
     bound = min(bound, rollout.max_trajectory_action_tokens)
   return bound
-
-
-def _task_batch(config: configs.TrainConfig, iteration: int) -> tuple[list[int], list[int]]:
-  """Episode seeds and group ids of one iteration: each task played `group_size` times."""
-  first = iteration * config.tasks_per_iteration
-  seeds = [first + t for t in range(config.tasks_per_iteration) for _ in range(config.group_size)]
-  groups = [t for t in range(config.tasks_per_iteration) for _ in range(config.group_size)]
-  return seeds, groups
-
-
-def _to_device(traj: types.Trajectories) -> types.Trajectories:
-  return jax.tree.map(jnp.asarray, traj)
-
-
-def _pad_tokens(traj: types.Trajectories, length: int) -> types.Trajectories:
-  """Pads the token columns (and token-level extras) to `length`, the agreed multi-host length."""
-  width = traj.tokens.shape[1]
-  pad = lambda x, value=0: np.pad(x, ((0, 0), (0, length - width)), constant_values=value)
-  token_level = traj.tokens.shape != traj.reward.shape  # else [B, L] and [B, N] look alike
-  pad_rows = lambda x: np.pad(x, [(0, 0), (0, length - width)] + [(0, 0)] * (x.ndim - 2))
-  extras = {k: pad_rows(v) if token_level and v.shape[:2] == traj.tokens.shape else v
-            for k, v in traj.extras.items()}
-  return traj.replace(tokens=pad(traj.tokens), action_mask=pad(traj.action_mask),
-                      turn_of_token=pad(traj.turn_of_token, -1),
-                      sample_logprob=pad(traj.sample_logprob), extras=extras)
-
-
-def _fill_names(values: dict[str, np.ndarray], names: Sequence[str], like: np.ndarray) -> dict[str, np.ndarray]:
-  return {name: values.get(name, np.zeros_like(like)) for name in names}
-
-
-def _align_over_hosts(traj: types.Trajectories) -> types.Trajectories:
-  """Gives every host's share the same token length and the same extras/sub-outcome keys."""
-  if jax.process_count() == 1:
-    return traj
-  traj = _pad_tokens(traj, multihost.agree_max(traj.tokens.shape[1]))
-  per_turn = {k: v for k, v in traj.extras.items() if v.shape == traj.reward.shape}
-  per_episode = {k: v for k, v in traj.extras.items() if v.ndim == 1}
-  # Token-level extras (teacher log-probs, MoE routing) come from the run's own configuration,
-  # so every host has them; per-turn and per-episode env info may be missing on some hosts.
-  extras = {**traj.extras,
-            **_fill_names(per_turn, multihost.agree_names(per_turn), traj.reward.astype(np.float32)),
-            **_fill_names(per_episode, multihost.agree_names(per_episode), traj.outcome.astype(np.float32))}
-  sub = _fill_names(traj.sub_outcomes, multihost.agree_names(traj.sub_outcomes),
-                    traj.outcome.astype(np.float32))
-  return traj.replace(extras=extras, sub_outcomes=sub)
-
-
-def _global_batch(traj: types.Trajectories, device_mesh) -> types.Trajectories:
-  """This host's rows -> the batch the update sees (global arrays on the mesh, if any)."""
-  if device_mesh is None:
-    return _to_device(traj)
-  if jax.process_count() == 1:
-    return rules_lib.shard_batch(traj, device_mesh)
-  return multihost.global_batch(_align_over_hosts(traj), device_mesh)
-
-
-def _iteration_metrics(traj: types.Trajectories, stats: loop_lib.RolloutStats) -> dict[str, float]:
-  """Metrics of the whole batch: every host's rows and counters are combined first."""
-  rows = multihost.gather_rows({"success": traj.success.astype(np.float32),
-                                "outcome": traj.outcome.astype(np.float32),
-                                "turns": traj.turn_mask.sum(axis=1).astype(np.float32)})
-  counters = ("episodes", "turns", "sampled_tokens", "env_errors", "env_timeouts",
-              "invalid_actions", "truncated", "budget_truncated", "stop_string_cuts")
-  totals = multihost.gather_rows(np.asarray([[getattr(stats, c) for c in counters]], np.int64)).sum(0)
-  seconds = float(multihost.gather_rows(np.asarray([stats.seconds])).max())
-  combined = loop_lib.RolloutStats(**dict(zip(counters, map(int, totals))), seconds=seconds)
-  return {
-      "train/success": float(np.mean(rows["success"])),
-      "train/outcome": float(np.mean(rows["outcome"])),
-      "train/turns": float(np.mean(rows["turns"])),
-      **combined.as_metrics(),
-  }
-
-
-def _collect(runner, strategy, make_env, batch_envs, config: configs.TrainConfig, iteration: int,
-             params, key) -> tuple[types.Trajectories, loop_lib.RolloutStats]:
-  """This host's share of the iteration's episodes, each sampled as its global row would be."""
-  seeds, groups = _task_batch(config, iteration)
-  share = multihost.host_share(len(seeds))
-  seeds, groups = seeds[share], groups[share]
-  row_ids = list(range(share.start, share.stop))
-  if strategy is None:
-    return runner.collect(batch_envs(len(seeds)), seeds, groups, params=params, rng=key,
-                          row_ids=row_ids)
-  return strategy.collect(runner, make_env, seeds, groups, params=params, rng=key, row_ids=row_ids)
-
-
-class _Rollouts:
-  """Plays each iteration's batch: synchronously, or (max_staleness=1) one batch ahead.
-
-  Pipelined, `get(k)` starts batch k+1 in a background thread with the policy as it is before
-  update k, then returns batch k (played the same way during update k−1), so sampling overlaps
-  the update. The sampling copy is taken before the update donates the state's buffers.
-  """
-
-  def __init__(self, collect: Callable[[int, Any], tuple], sampling_params: Callable[[Any], Any],
-               max_staleness: int, num_iterations: int):
-    self._collect = collect
-    self._sampling_params = sampling_params
-    self._ahead = max_staleness > 0
-    self._num_iterations = num_iterations
-    self._executor = concurrent.futures.ThreadPoolExecutor(1) if self._ahead else None
-    self._pending: tuple[int, concurrent.futures.Future] | None = None
-
-  def get(self, iteration: int, params) -> tuple[types.Trajectories, loop_lib.RolloutStats, int]:
-    """(batch, stats, policy lag in updates) for `iteration`; `params` is the current policy."""
-    current = self._sampling_params(params)
-    if self._pending is not None and self._pending[0] == iteration:
-      (traj, stats), lag = self._pending[1].result(), 1
-    else:  # the first batch of a run (or of a resumed run) is played now
-      (traj, stats), lag = self._collect(iteration, current), 0
-    self._pending = None
-    if self._ahead and iteration + 1 < self._num_iterations:
-      snapshot = jax.tree.map(jnp.copy, current)
-      self._pending = (iteration + 1, self._executor.submit(self._collect, iteration + 1, snapshot))
-    return traj, stats, lag
-
-  def close(self) -> None:
-    if self._executor is not None:
-      self._executor.shutdown(wait=True, cancel_futures=True)
-
-
-def _env_source(runner: loop_lib.RolloutRunner, rollout: loop_lib.RolloutConfig,
-                config: configs.TrainConfig, make_env) -> Callable[[int], list]:
-  """`n -> envs` for one batch. Worker processes own their envs, so under kind='process' the
-  batch's envs are built there once and reused (each collect resets them); threads get fresh ones."""
-  if rollout.workers.kind != "process":
-    return lambda n: [make_env() for _ in range(n)]
-  pool: list = []
-
-  def batch_envs(n: int) -> list:
-    while len(pool) < n:
-      pool.append(runner.make_env(config.env_name, **config.env_kwargs))
-    return pool[:n]
-
-  return batch_envs
 
 
 def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
@@ -348,8 +212,8 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   if hasattr(strategy, "bind"):  # strategies that run the policy themselves (SERL's teacher)
     strategy = strategy.bind(graphdef=policy_graphdef, allowed=allowed, temperature=temperature,
                              max_actions=_max_actions(rollout))
-  batch_envs = _env_source(runner, rollout, config, make_env)
-  sampling_params = _sampling_layout(state.policy_params, device_mesh)
+  batch_envs = rollouts_lib.env_source(runner, rollout, config, make_env)
+  sampling_params = rollouts_lib.sampling_layout(state.policy_params, device_mesh)
   greedy_runner = loop_lib.RolloutRunner(
       policy_graphdef, model, tok,
       dataclasses.replace(rollout, sampling=dataclasses.replace(rollout.sampling, temperature=0.0)))
@@ -398,9 +262,9 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     extra["credit_state"] = [_json_state(m.state_dict()) for m in stateful]
     ckpt.save(0, state, extra)
 
-  rollouts = _Rollouts(
-      lambda it, params: _collect(runner, strategy, make_env, batch_envs, config, it, params,
-                                  jax.random.fold_in(base_key, it)),
+  rollouts = rollouts_lib.Rollouts(
+      lambda it, params: rollouts_lib.collect_share(runner, strategy, make_env, batch_envs, config,
+                                                    it, params, jax.random.fold_in(base_key, it)),
       sampling_params, config.max_staleness, config.num_iterations)
   progress = metrics_lib.ProgressBar(total=config.num_iterations, initial=extra["iteration"],
                                      enabled=jax.process_index() == 0)
@@ -411,9 +275,9 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     for iteration in range(extra["iteration"], config.num_iterations):
       start = time.perf_counter()
       traj, stats, lag = rollouts.get(iteration, state.policy_params)
-      metrics = _iteration_metrics(traj, stats)
+      metrics = batches.iteration_metrics(traj, stats)
       metrics["rollout/policy_lag"] = lag
-      batch = _global_batch(traj, device_mesh)
+      batch = batches.global_batch(traj, device_mesh)
       state, update_metrics = update(state, batch)
       metrics.update({k: float(v) for k, v in jax.device_get(update_metrics).items()})
       metrics["time/iteration_s"] = time.perf_counter() - start
@@ -456,20 +320,6 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
       preempted=preempted)
   _print_summary(summary, evaluation)
   return summary
-
-
-def _sampling_layout(params, device_mesh) -> Callable[[Any], Any]:
-  """`params -> params` as the sampler should hold them.
-
-  On one process with a mesh: resharded to the 'sample' rules (split over tensor only), so
-  decoding a token never all-gathers fsdp shards. Across processes: a whole local copy per host.
-  """
-  if jax.process_count() > 1:
-    return multihost.local_replica
-  if device_mesh is None:
-    return lambda p: p
-  shardings = rules_lib.param_shardings(params, device_mesh, rules_lib.logical_rules("sample"))
-  return lambda p: jax.device_put(p, shardings)
 
 
 def _graphdef(model: transformer.TransformerConfig, seed: int):
@@ -555,7 +405,7 @@ def _warm_start(state, graphdef, tok, rollout, warm_start, config, make_env, all
     actor_rngs = [np.random.default_rng((config.seed, i, j)) for j in rows]
     traj, _ = demo_runner.collect([make_env() for _ in seeds], seeds, list(rows), actor=actor,
                                   actor_rng=actor_rngs)
-    params, opt_state, m = sft(params, opt_state, _global_batch(traj, device_mesh))
+    params, opt_state, m = sft(params, opt_state, batches.global_batch(traj, device_mesh))
     if (i + 1) % 10 == 0 or i + 1 == warm_start.iterations:
       writer.write(0, {"warm_start/nll": float(m["sft/nll"]), "warm_start/iteration": i + 1})
   return state.replace(policy_params=params,

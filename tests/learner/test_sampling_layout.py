@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 
-from agentrl_jax.learner import learner
+from agentrl_jax.learner import rollouts
 from agentrl_jax.models import transformer
 from agentrl_jax.parallel import mesh as mesh_lib
 from agentrl_jax.parallel import rules as rules_lib
@@ -15,7 +15,7 @@ def test_sampling_params_are_resharded_to_the_sample_rules():
   params = rules_lib.shard_state(params, mesh)
   train_specs = [x.sharding.spec for x in jax.tree.leaves(params)]
   assert any("fsdp" in str(spec) for spec in train_specs)
-  sampled = learner._sampling_layout(params, mesh)(params)
+  sampled = rollouts.sampling_layout(params, mesh)(params)
   specs = [x.sharding.spec for x in jax.tree.leaves(sampled)]
   assert not any("fsdp" in str(spec) for spec in specs)
   assert any("tensor" in str(spec) for spec in specs)
@@ -25,4 +25,4 @@ def test_sampling_params_are_resharded_to_the_sample_rules():
 
 def test_without_a_mesh_the_params_are_used_as_they_are():
   _, params = transformer.create(transformer.tiny(64, d_model=32, num_heads=4, mlp_dim=64), 0)
-  assert learner._sampling_layout(params, None)(params) is params
+  assert rollouts.sampling_layout(params, None)(params) is params

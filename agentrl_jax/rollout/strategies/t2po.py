@@ -31,7 +31,6 @@ import numpy as np
 
 from agentrl_jax import types
 from agentrl_jax.rollout import loop as loop_lib
-from agentrl_jax.rollout import sampler as sampler_lib
 from agentrl_jax.rollout.strategies import common
 
 _RETRY_SALT = 0x7D5
