@@ -125,9 +125,10 @@ def gae(traj: types.Trajectories, values: Array | None, *,
   if values is None:
     raise ValueError("estimator 'gae' needs critic values, got values=None")
   mask = jnp.asarray(traj.action_mask).astype(bool)
+  # Each turn's reward sits on its last sampled token (not on a token the sampler forced).
   rewards = gae_lib.token_rewards(
-      jnp.asarray(traj.reward), jnp.asarray(traj.turn_end), jnp.asarray(traj.turn_mask),
-      traj.max_len)
+      jnp.asarray(traj.reward), gae_lib.last_action_ends(jnp.asarray(traj.turn_end), mask),
+      jnp.asarray(traj.turn_mask), traj.max_len)
   out = gae_lib.generalized_advantage_estimation(
       rewards, jnp.asarray(values, jnp.float32), mask, discount, lambda_)
   valid = _valid_tokens(traj)

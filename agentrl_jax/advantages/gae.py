@@ -303,6 +303,21 @@ def token_rewards(turn_reward: Array, turn_end: Array, turn_mask: Array, length:
       turn_reward.astype(dtype), mode="drop")
 
 
+def last_action_ends(turn_end: Array, action_mask: Array) -> Array:
+  """`[B, N]` turn ends moved back to just after the last action token before them.
+
+  A turn's span can end in tokens that are not the policy's (a thinking-close token the sampler
+  forced); its reward then belongs to the last token the policy did sample. Spans that end in an
+  action token are unchanged.
+  """
+  chex.assert_rank([turn_end, action_mask], 2)
+  length = action_mask.shape[1]
+  positions = jnp.arange(length, dtype=jnp.int32)
+  last = jax.lax.cummax(jnp.where(action_mask, positions, -1), axis=1)
+  at_end = jnp.take_along_axis(last, jnp.clip(turn_end - 1, 0, length - 1), axis=1)
+  return jnp.where((turn_end > 0) & (at_end >= 0), at_end + 1, turn_end).astype(turn_end.dtype)
+
+
 def turn_generalized_advantage_estimation(
     turn_rewards: Array,
     turn_values: Array,

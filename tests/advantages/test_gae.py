@@ -251,3 +251,14 @@ def test_bfloat16_inputs_accumulate_in_float32():
   as_bf16 = [np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32) for x in (rewards, values)]
   want, _ = gae_loop(*as_bf16, mask, 0.9, 0.8)
   np.testing.assert_allclose(out.advantages, want, atol=1e-5)
+
+
+def test_last_action_ends_moves_rewards_off_forced_tokens():
+  # Row 0: turn 0 spans tokens 1..3 but token 3 was forced (not an action) -> end 3 (after token
+  # 2); turn 1 spans 5..6, both actions -> end 7 unchanged. Row 1: turn 0 ends at 0 (no turn).
+  mask = jnp.array([[0, 1, 1, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0, 0, 0]], bool)
+  turn_end = jnp.array([[4, 7], [0, 0]], jnp.int32)
+  np.testing.assert_array_equal(gae.last_action_ends(turn_end, mask), [[3, 7], [0, 0]])
+  rewards = gae.token_rewards(jnp.array([[1.0, 2.0], [0.0, 0.0]]), gae.last_action_ends(turn_end, mask),
+                              jnp.ones((2, 2), bool), 8)
+  np.testing.assert_array_equal(rewards[0], [0, 0, 1, 0, 0, 0, 2, 0])
