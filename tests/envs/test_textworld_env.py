@@ -14,6 +14,8 @@ pytest.importorskip("textworld", reason="needs the textworld package (envs extra
 from agentrl_jax.envs import registry  # pylint: disable=g-import-not-at-top
 from agentrl_jax.envs import textworld_env  # pylint: disable=g-import-not-at-top
 
+import episodes  # pylint: disable=g-import-not-at-top
+
 COIN = {"challenge": "tw-coin_collector", "settings": {"level": 5}}
 # Random policy (uniform over admissible commands, 30 turns), seeds 0..19: tw-cooking default
 # settings 5% (mean score fraction 0.23); tw-coin_collector level 5: 40%.
@@ -26,19 +28,11 @@ def fixture_cache_dir(tmp_path_factory):
 
 
 def _expert_episode(env, seed):
-  env.reset(seed)
-  while True:
-    result = env.step(env.expert_action())
-    if result.done:
-      return result
+  return episodes.expert_final(env, seed)
 
 
 def _random_episode(env, seed, rng):
-  env.reset(seed)
-  while True:
-    result = env.step(rng.choice(env.admissible_commands))
-    if result.done:
-      return result
+  return episodes.play(env, seed, lambda e: rng.choice(e.admissible_commands))[-1]
 
 
 def test_registered(cache_dir):

@@ -12,6 +12,8 @@ if shutil.which("java") is None:
 from agentrl_jax.envs import registry  # pylint: disable=g-import-not-at-top
 from agentrl_jax.envs import textworld_express_env as twx  # pylint: disable=g-import-not-at-top
 
+import episodes  # pylint: disable=g-import-not-at-top
+
 GAMES = ("coin", "cookingworld", "twc")
 # Random policy (uniform over the engine's valid actions, default params, 20 turns), seeds 0..99:
 # coin 68%, cookingworld 0% (mean score 0.10), twc 11% (mean score 0.32).
@@ -25,19 +27,11 @@ def fixture_make_env():
 
 
 def _expert_episode(env, seed):
-  env.reset(seed)
-  while True:
-    result = env.step(env.expert_action())
-    if result.done:
-      return result
+  return episodes.expert_final(env, seed)
 
 
 def _random_episode(env, seed, rng):
-  env.reset(seed)
-  while True:
-    result = env.step(rng.choice(env.valid_actions))
-    if result.done:
-      return result
+  return episodes.play(env, seed, lambda e: rng.choice(e.valid_actions))[-1]
 
 
 def test_registered():
