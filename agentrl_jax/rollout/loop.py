@@ -163,7 +163,9 @@ def _scalar_info(info: dict, prefix: str = ""):
       yield f"{prefix}{key}", float(value)
 
 
-def _record_step_info(traj: types.Trajectories, info: dict, row: int, turn: int) -> None:
+def record_step_info(traj: types.Trajectories, info: dict, row: int, turn: int) -> None:
+  """Writes every bool/number of a step's `info` (outside the contract's own fields) to
+  `traj.extras[key][row, turn]`; shared by the loop and the rollout strategies."""
   for key, value in _scalar_info(info):
     if key not in traj.extras:
       traj.extras[key] = np.zeros(traj.reward.shape, np.float32)
@@ -463,7 +465,7 @@ class RolloutRunner:
       traj.reward[i, turn] = result.reward
       traj.action_valid[i, turn] = valid
       traj.obs_hash[i, turn] = envs_base.observation_hash(result.observation)
-      _record_step_info(traj, result.info, i, turn)
+      record_step_info(traj, result.info, i, turn)
       traj.outcome[i] += result.reward
       observations[i] = result.observation
       if result.done:

@@ -47,10 +47,6 @@ from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
 from agentrl_jax.rollout import workers as workers_lib
 
-# Info keys with a dedicated place in the contract (the same set the rollout loop keeps out of
-# `extras`).
-_CONTRACT_INFO_KEYS = frozenset({"action_valid", "success", "sub_outcomes"})
-
 # A factory of fresh environments (the learner's `make_env`).
 MakeEnv = Callable[[], envs_base.TextEnv]
 
@@ -480,10 +476,7 @@ def record_step(batch: RowBatch, row: int, result, turn: int, stats: loop_lib.Ro
   traj.reward[row, turn] = result.reward
   traj.action_valid[row, turn] = valid
   traj.obs_hash[row, turn] = envs_base.observation_hash(result.observation)
-  for key, value in _scalar_info(result.info):
-    if key not in traj.extras:
-      traj.extras[key] = np.zeros(traj.reward.shape, np.float32)
-    traj.extras[key][row, turn] = value
+  loop_lib.record_step_info(traj, result.info, row, turn)
   traj.outcome[row] += result.reward
   batch.observations[row] = result.observation
   if result.done:
@@ -493,15 +486,6 @@ def record_step(batch: RowBatch, row: int, result, turn: int, stats: loop_lib.Ro
       traj.sub_outcomes.setdefault(name, np.zeros(batch.size, np.float32))[row] = value
     batch.active[row] = False
 
-
-def _scalar_info(info: dict, prefix: str = ""):
-  for key, value in info.items():
-    if not prefix and key in _CONTRACT_INFO_KEYS:
-      continue
-    if isinstance(value, dict):
-      yield from _scalar_info(value, f"{prefix}{key}.")
-    elif not isinstance(value, str) and np.isscalar(value):
-      yield f"{prefix}{key}", float(value)
 
 
 def play_turn(runner: loop_lib.RolloutRunner, tool: Tools, batch: RowBatch, draw: TurnDraw,
