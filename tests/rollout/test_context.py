@@ -7,7 +7,6 @@ import pytest
 
 from agentrl_jax.envs import registry
 from agentrl_jax.learner import step as step_lib
-from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer as tfm
 from agentrl_jax.rollout import context
 from agentrl_jax.rollout import loop as loop_lib
@@ -71,19 +70,6 @@ def test_attention_floor_hides_exactly_the_keys_below_it(position, alibi):
   # A zero floor is no mask at all.
   zero, _ = tfm.apply(graphdef, params, tokens, tfm.Positions(*pos, jnp.zeros_like(floor)))
   np.testing.assert_array_equal(zero, free)
-
-
-@pytest.fixture(scope="module")
-def tok():
-  return tokenizer_lib.load_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-  cfg = tfm.tiny(tok.vocab_size, d_model=32, num_heads=4, mlp_dim=64, position="turn_slot",
-                 alibi=True, max_turns=16, max_slots=64)
-  graphdef, params = tfm.create(cfg, seed=0)
-  return cfg, graphdef, params
 
 
 def _collect(tok, model, ctx):

@@ -5,7 +5,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer as tfm
 from agentrl_jax.rollout import sampler as sampler_lib
 
@@ -80,11 +79,6 @@ def test_bad_sampling_config_is_named():
   with pytest.raises(ValueError, match="stop_strings"):
     sampler_lib.SamplingConfig(stop_strings=("",))
   assert sampler_lib.SamplingConfig(stop_strings=["x"]).stop_strings == ("x",)
-
-
-@pytest.fixture(scope="module")
-def tok():
-  return tokenizer_lib.load_tokenizer()
 
 
 def test_stop_string_cut_keeps_through_the_completing_token(tok):

@@ -9,25 +9,11 @@ import pytest
 
 from agentrl_jax.envs import registry
 from agentrl_jax.learner import step as step_lib
-from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer as tfm
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
 
 WORDS = ("left", "down", "right", "up")
-
-
-@pytest.fixture(scope="module")
-def tok():
-  return tokenizer_lib.load_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-  cfg = tfm.tiny(tok.vocab_size, d_model=32, num_heads=4, mlp_dim=64, position="turn_slot",
-                 alibi=True, max_turns=16, max_slots=64)
-  graphdef, params = tfm.create(cfg, seed=0)
-  return cfg, graphdef, params
 
 
 def _thinking(tok, **kw):
