@@ -203,6 +203,21 @@ def invalid_action_message(action: Any, action_words: tuple[str, ...]) -> str:
   return f"invalid action '{text}': use {valid}"
 
 
+def text_action_problem(action: Any, max_chars: int) -> str | None:
+  """What makes `action` unusable as free text (not a string, empty, too long), or None.
+
+  The checks every free-text env starts with; each env then parses the text its own way.
+  """
+  if not isinstance(action, str):
+    return f"action of type {type(action).__name__}, expected text"
+  text = action.strip()
+  if not text:
+    return "empty action"
+  if len(text) > max_chars:
+    return f"action of {len(text)} characters is longer than {max_chars}"
+  return None
+
+
 def quote_action(text: Any, max_chars: int) -> str:
   """`text` on one line, cut to `max_chars` characters with "..." when longer (for feedback)."""
   text = " ".join(str(text).split())

@@ -232,13 +232,10 @@ class Negotiation(base.TextEnv):
 
 def _parse(action: Any) -> tuple[str, Any] | str:
   """(verb, argument) of a well-formed action, else a message naming the problem."""
-  if not isinstance(action, str):
-    return f"action of type {type(action).__name__}"
+  problem = base.text_action_problem(action, MAX_ACTION_CHARS)
+  if problem:
+    return problem
   text = action.strip()
-  if not text:
-    return "empty action"
-  if len(text) > MAX_ACTION_CHARS:
-    return f"action of {len(text)} characters is longer than {MAX_ACTION_CHARS}"
   word = text.split()[0].lower()
   if word in ("accept", "reject") and len(text.split()) == 1:
     return word, None

@@ -236,13 +236,10 @@ def _default_settings(challenge: str) -> dict[str, Any]:
 
 
 def _malformed_reason(action: Any) -> str | None:
-  if not isinstance(action, str):
-    return f"action of type {type(action).__name__}, expected text"
+  problem = base.text_action_problem(action, MAX_ACTION_CHARS)
+  if problem:
+    return problem
   text = action.strip()
-  if not text:
-    return "empty action"
-  if len(text) > MAX_ACTION_CHARS:
-    return f"action of {len(text)} characters is longer than {MAX_ACTION_CHARS}"
   if not text.isprintable() and "\n" not in text:
     return "action has control characters"
   if "\n" in text:

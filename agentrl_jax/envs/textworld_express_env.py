@@ -262,14 +262,7 @@ def _state_key(infos: dict[str, Any]) -> tuple[str, str, float]:
 
 
 def _malformed_reason(action: Any) -> str | None:
-  if not isinstance(action, str):
-    return f"action of type {type(action).__name__}, expected text"
-  text = action.strip()
-  if not text:
-    return "empty action"
-  if len(text) > MAX_ACTION_CHARS:
-    return f"action of {len(text)} characters is longer than {MAX_ACTION_CHARS}"
-  return None
+  return base.text_action_problem(action, MAX_ACTION_CHARS)
 
 
 def _quote(text: str) -> str:

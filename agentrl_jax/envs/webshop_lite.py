@@ -262,13 +262,10 @@ class WebShopLite(base.TextEnv):
 def _parse(action: Any) -> tuple[str, str] | str:
   """(verb, argument) of a well-formed action, else a message naming the problem."""
   usage = "use search[query], click[id], select[size], buy or back"
-  if not isinstance(action, str):
-    return f"action of type {type(action).__name__}; {usage}"
+  problem = base.text_action_problem(action, MAX_ACTION_CHARS)
+  if problem:
+    return f"{problem}; {usage}"
   text = action.strip()
-  if not text:
-    return f"empty action; {usage}"
-  if len(text) > MAX_ACTION_CHARS:
-    return f"action of {len(text)} characters is longer than {MAX_ACTION_CHARS}; {usage}"
   match = _ACTION.match(text)
   if match is None:
     return f"cannot parse '{_quote(text)}'; {usage}"
