@@ -8,6 +8,8 @@ from agentrl_jax.envs import base
 from agentrl_jax.envs import registry
 from agentrl_jax.rollout.strategies import arpo
 
+import one_step_env
+
 
 def _make_env():
   return registry.make("frozenlake")
@@ -106,33 +108,14 @@ def test_all_initial_is_plain_sampling(word_runner, model):
   assert (traj.extras["arpo_source"] == -1).all()
 
 
-class _OneStep(base.TextEnv):
-  """Ends after one step: no environment response for a branch to follow."""
-
-  action_words = ("left", "down", "right", "up")
-
-  def __init__(self):
-    super().__init__(max_turns=1)
-
-  def expert_action(self):
-    return "down"
-
-  def _reset(self, seed):
-    return f"map {seed}: go down"
-
-  def _step(self, action):
-    ok = base.parse_action(action, self.action_words) == "down"
-    return base.StepResult("done", float(ok), True, {"action_valid": True, "success": ok})
-
-
 def test_slots_left_when_a_group_ends_are_played_from_the_prompt(word_runner, model):
   seeds, groups = _groups(2, 3)
   traj, _ = arpo.EntropyBranching(initial_rollouts=1).collect(
-      word_runner, _OneStep, seeds, groups, params=model[2], rng=jax.random.key(4))
+      word_runner, one_step_env.OneStep, seeds, groups, params=model[2], rng=jax.random.key(4))
   np.testing.assert_array_equal(traj.extras["arpo_source"], [-1, -2, -2, -1, -2, -2])
   assert traj.turn_mask[:, 0].all() and traj.done[:, 0].all()
   # A slot played from the prompt draws with its own row id: what the plain loop draws there.
-  plain, _ = word_runner.collect([_OneStep() for _ in seeds], seeds, groups, params=model[2],
+  plain, _ = word_runner.collect([one_step_env.OneStep() for _ in seeds], seeds, groups, params=model[2],
                                  rng=jax.random.key(4))
   np.testing.assert_array_equal(traj.tokens, plain.tokens)
   np.testing.assert_array_equal(traj.outcome, plain.outcome)

@@ -15,6 +15,8 @@ from agentrl_jax.models import transformer as tfm
 from agentrl_jax.rollout import sampler as sampler_lib
 from agentrl_jax.rollout.strategies import rtpo
 
+import one_step_env
+
 TASKS = 2
 CONFIG = rtpo.RTPOConfig(num_roots=3, branches=3, max_prefixes=2)
 SIZE = TASKS * CONFIG.max_prefixes * CONFIG.branches
@@ -22,25 +24,6 @@ SIZE = TASKS * CONFIG.max_prefixes * CONFIG.branches
 
 def _make_env():
   return registry.make("frozenlake")
-
-
-class _OneStep(base.TextEnv):
-  """One decision per episode: "down" wins."""
-
-  action_words = ("left", "down", "right", "up")
-
-  def __init__(self):
-    super().__init__(max_turns=1)
-
-  def expert_action(self):
-    return "down"
-
-  def _reset(self, seed):
-    return f"map {seed}: go down"
-
-  def _step(self, action):
-    ok = base.parse_action(action, self.action_words) == "down"
-    return base.StepResult("done", float(ok), True, {"action_valid": True, "success": ok})
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +105,7 @@ def test_reverse_order_exact_prefixes_turn_k_loss_and_updated_continuations(
 
 def test_one_turn_is_grpo_with_group_size_m(word_runner, update, model):
   seen = []
-  _, roots, history = _iteration(word_runner, update, model[2], _OneStep,
+  _, roots, history = _iteration(word_runner, update, model[2], one_step_env.OneStep,
                                  lambda batch, state: seen.append(batch), key=1)
   # K = 1: a single depth-0 update whose prefixes are the prompts, each with M fresh samples.
   assert [b.depth for b in seen] == [0] and len(history) == 1
