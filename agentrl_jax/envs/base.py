@@ -206,10 +206,12 @@ def invalid_action_message(action: Any, action_words: tuple[str, ...]) -> str:
 def text_action_problem(action: Any, max_chars: int) -> str | None:
   """What makes `action` unusable as free text (not a string, empty, too long), or None.
 
-  The checks every free-text env starts with; each env then parses the text its own way.
+  The checks every free-text env starts with; each env then parses the text its own way. The
+  wording is part of the shipped tokenizer's corpus (experiments/build_tokenizer.py plays the
+  envs with malformed actions), so changing it means rebuilding the tokenizer.
   """
   if not isinstance(action, str):
-    return f"action of type {type(action).__name__}, expected text"
+    return f"action of type {type(action).__name__}"
   text = action.strip()
   if not text:
     return "empty action"

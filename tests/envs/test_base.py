@@ -6,8 +6,8 @@ from agentrl_jax.envs import base
 
 
 @pytest.mark.parametrize("action, problem", [
-    (None, "action of type NoneType, expected text"),
-    (3, "action of type int, expected text"),
+    (None, "action of type NoneType"),
+    (3, "action of type int"),
     ("   ", "empty action"),
     ("x" * 11, "action of 11 characters is longer than 10"),
     ("  go north  ", None),  # surrounding spaces do not count towards the limit
