@@ -13,6 +13,7 @@ Run from the repository root (needs the hf extra for part 1):
 
     python bench/models.py            # batch 32, 64 new tokens; small preset, 16 x 256 tokens
     python bench/models.py --quick    # smaller, a few seconds after compilation
+    python bench/models.py --skip_generation --batch 32 --length 512 [--default_malloc]
 """
 
 from __future__ import annotations
@@ -20,14 +21,21 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import resource
 import sys
 import tempfile
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from agentrl_jax.parallel import host_memory  # noqa: E402
+
+# As experiments/run.py does, before JAX starts its threads (so it is read from argv directly).
+kept = "--default_malloc" not in sys.argv and host_memory.keep_freed_memory()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments"))
 
@@ -136,6 +144,10 @@ def _random_batch(batch: int, length: int, vocab: int, actions_per_turn: int) ->
       outcome=rng.normal(size=batch).astype(np.float32))
 
 
+def _minor_faults() -> int:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def bench_update(batch: int, length: int, repeats: int, peak_n: int) -> None:
   config = transformer.small(512)
   graphdef, params = transformer.create(config, 0)
@@ -157,6 +169,9 @@ def bench_update(batch: int, length: int, repeats: int, peak_n: int) -> None:
     return metrics
 
   t = best_time(one_step, repeats)
+  faults = _minor_faults()
+  _block(one_step())
+  faults = _minor_faults() - faults
   flops = update_flops(config, batch, length, 4 * actions_per_turn)
   peak = matmul_peak(peak_n, repeats)
   print(f"\nLearner update, small preset ({transformer.num_params(config):,} params), batch "
@@ -165,6 +180,7 @@ def bench_update(batch: int, length: int, repeats: int, peak_n: int) -> None:
   print(f"  achieved             {flops / t / 1e9:>12.2f} GFLOP/s  ({flops / 1e9:.2f} GFLOP per step)")
   print(f"  matmul peak          {peak / 1e9:>12.2f} GFLOP/s  (float32 {peak_n}^3)")
   print(f"  achieved / peak      {flops / t / peak:>12.1%}")
+  print(f"  host page faults     {faults:>12,d} per step  (keep_freed_memory: {kept})")
 
 
 def main():
@@ -172,6 +188,10 @@ def main():
   parser.add_argument("--quick", action="store_true", help="small shapes")
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--skip_generation", action="store_true", help="no torch/transformers needed")
+  parser.add_argument("--default_malloc", action="store_true",
+                      help="leave glibc malloc as it is (shows what keep_freed_memory saves)")
+  parser.add_argument("--batch", type=int, default=16, help="learner update: rows")
+  parser.add_argument("--length", type=int, default=256, help="learner update: tokens per row")
   args = parser.parse_args()
   device = jax.devices()[0]
   print(f"jax {jax.__version__} on {device.platform} ({device.device_kind}), "
@@ -182,7 +202,7 @@ def main():
   if args.quick:
     bench_update(batch=8, length=128, repeats=args.repeats, peak_n=512)
   else:
-    bench_update(batch=16, length=256, repeats=args.repeats, peak_n=1024)
+    bench_update(batch=args.batch, length=args.length, repeats=args.repeats, peak_n=1024)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ except ModuleNotFoundError:
 
 from agentrl_jax import config_errors  # noqa: E402
 from agentrl_jax.learner import metrics  # noqa: E402
+from agentrl_jax.parallel import host_memory  # noqa: E402
 
 LEARNER_MODULE = "agentrl_jax.learner.learner"
 # Command-line bindings may name `learner.train` even when no file imports it.
@@ -144,4 +145,8 @@ def _first_line(message: str) -> str:
 
 
 if __name__ == "__main__":
+  # Before JAX starts its CPU backend: reuse freed host memory instead of page-faulting XLA's
+  # per-step buffers in again (agentrl_jax/parallel/host_memory.py). Only for the command line:
+  # a process that imports run.main (tests, notebooks) keeps its own allocator settings.
+  host_memory.keep_freed_memory()
   sys.exit(main())
