@@ -188,6 +188,7 @@ def main():
   parser.add_argument("--quick", action="store_true", help="small shapes")
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--skip_generation", action="store_true", help="no torch/transformers needed")
+  parser.add_argument("--skip_update", action="store_true", help="generation only")
   parser.add_argument("--default_malloc", action="store_true",
                       help="leave glibc malloc as it is (shows what keep_freed_memory saves)")
   parser.add_argument("--batch", type=int, default=16, help="learner update: rows")
@@ -199,6 +200,8 @@ def main():
   if not args.skip_generation:
     bench_generation(batch=32, prompt_len=16, new_tokens=16 if args.quick else 64,
                      repeats=args.repeats)
+  if args.skip_update:
+    return
   if args.quick:
     bench_update(batch=8, length=128, repeats=args.repeats, peak_n=512)
   else:

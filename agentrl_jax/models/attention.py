@@ -137,7 +137,11 @@ def _forward(q, k, v, allowed, distance, slopes, block):
     out = out.reshape(qb.shape) * inv
     return None, (out.astype(q.dtype), m, inv)
 
-  _, (out, m, inv) = jax.lax.scan(step, None, (qs, masks, dists))
+  if qs.shape[0] == 1:  # one block (a decode step, or accelerators): no loop around it
+    _, (out, m, inv) = step(None, jax.tree.map(lambda x: x[0], (qs, masks, dists)))
+    out, m, inv = (x[None] for x in (out, m, inv))
+  else:
+    _, (out, m, inv) = jax.lax.scan(step, None, (qs, masks, dists))
   return jnp.moveaxis(_from_blocks(out, q.shape[1], axis=2), 2, 1), (m, inv)
 
 

@@ -197,15 +197,30 @@ def num_params(config: TransformerConfig) -> int:
 
 @flax.struct.dataclass
 class KVCache:
-  """Keys and values of every layer, [layers, B, S, kv_heads, head_dim], and valid lengths [B]."""
+  """Keys and values of every layer, [layers, B, S, kv_heads, head_dim], and valid lengths [B].
 
-  k: jax.Array
-  v: jax.Array
+  `k` and `v` may also be tuples of per-layer [B, S, kv_heads, head_dim] arrays
+  (`unstacked`): a decode loop carries them that way, so a step writes each layer's buffer in
+  place instead of slicing the stacked array per layer and stacking it again per token.
+  """
+
+  k: jax.Array | tuple[jax.Array, ...]
+  v: jax.Array | tuple[jax.Array, ...]
   length: jax.Array
 
   @property
   def capacity(self) -> int:
-    return self.k.shape[2]
+    return self.k[0].shape[1] if isinstance(self.k, tuple) else self.k.shape[2]
+
+  def unstacked(self) -> "KVCache":
+    if isinstance(self.k, tuple):
+      return self
+    return self.replace(k=tuple(self.k), v=tuple(self.v))
+
+  def stacked(self) -> "KVCache":
+    if not isinstance(self.k, tuple):
+      return self
+    return self.replace(k=jnp.stack(self.k), v=jnp.stack(self.v))
 
 
 def init_cache(config: TransformerConfig, batch_size: int, capacity: int,
@@ -492,6 +507,8 @@ class Transformer(nnx.Module):
     experts = jnp.stack(experts, axis=2) if experts else None
     if cache is None:
       return x, None, experts
+    if isinstance(cache.k, tuple):
+      return x, cache.replace(k=tuple(new_k), v=tuple(new_v)), experts
     return x, cache.replace(k=jnp.stack(new_k), v=jnp.stack(new_v)), experts
 
 
