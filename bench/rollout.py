@@ -13,15 +13,21 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
-import jax
-import numpy as np
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from agentrl_jax.parallel import host_memory  # noqa: E402
 
-from agentrl_jax.envs import base
-from agentrl_jax.models import transformer
-from agentrl_jax.rollout import sampler as sampler_lib
-from agentrl_jax.rollout import workers
+host_memory.keep_freed_memory()  # as experiments/run.py does, before JAX starts its threads
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from agentrl_jax.envs import base  # noqa: E402
+from agentrl_jax.models import transformer  # noqa: E402
+from agentrl_jax.rollout import sampler as sampler_lib  # noqa: E402
+from agentrl_jax.rollout import workers  # noqa: E402
 
 BATCH, TURNS, OBS_TOKENS, ACTION_TOKENS, VOCAB = 32, 20, 24, 8, 512
 # Each figure is the fastest of REPEATS runs, the variants interleaved, so load from other

@@ -40,7 +40,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
 
   Args:
     q: [B, T, KV, G, D] queries, G query heads per key/value head.
-    k, v: [B, S, KV, D] keys and values.
+    k, v: [B, KV, S, D] keys and values, heads-major (the KV cache's layout).
     allowed: [B, T, S] bool, which keys each query may attend to.
     distance, slopes: ALiBi, [B, T, S] and [KV, G], or both None.
     block: queries per scan step (None: `default_block`).
@@ -83,12 +83,9 @@ def _from_blocks(x: jax.Array, t: int, axis: int) -> jax.Array:
 # Inside the kernel queries are [B, KV, T, G, D] and keys/values [B, KV, S, D]: each block's
 # products are then plain batched matmuls over (B, KV), [block·G, D] x [D, S], which XLA:CPU runs
 # at matmul speed (the [B, T, KV, G, D] einsums ran 3-7x slower from their transposes).
+# Keys/values come heads-major already: a decode step reads the cache without copying it.
 def _heads_major(q):
   return jnp.moveaxis(q, 1, 2)  # [B, T, KV, G, D] -> [B, KV, T, G, D]
-
-
-def _kv_major(x):
-  return jnp.moveaxis(x, 1, 2)  # [B, S, KV, D] -> [B, KV, S, D]
 
 
 def _rows(x):
@@ -101,14 +98,19 @@ def _rows_n(x):
   return x.reshape(*x.shape[:3], -1, x.shape[-1])
 
 
-def _scores(qb, kt, mask, dist, slopes, scale):
+def _scores(qb, keys, mask, dist, slopes, scale, transposed):
   """Masked scores of one block, [B, KV, block, G, S] float32.
 
-  qb: [B, KV, block, G, D]; kt: [B, KV, D, S]; mask, dist: [B, block, S]; slopes: [KV, G].
+  qb: [B, KV, block, G, D]; mask, dist: [B, block, S]; slopes: [KV, G]. keys: [B, KV, D, S] if
+  `transposed` (the loop over many blocks transposes once, then runs plain matmuls), else
+  [B, KV, S, D] read as is (one block, e.g. a decode step: no per-step copy of the cache).
   """
   b, kv, n, g, _ = qb.shape
-  s = jnp.matmul(_rows(qb), kt, preferred_element_type=jnp.float32) * scale
-  s = s.reshape(b, kv, n, g, -1)
+  if transposed:
+    s = jnp.matmul(_rows(qb), keys, preferred_element_type=jnp.float32)
+  else:
+    s = jnp.einsum("bkrd,bksd->bkrs", _rows(qb), keys, preferred_element_type=jnp.float32)
+  s = s.reshape(b, kv, n, g, -1) * scale
   if dist is not None:
     s = s - slopes[None, :, None, :, None] * dist[:, None, :, None, :]
   return jnp.where(mask[:, None, :, None, :], s, _NEG)
@@ -123,21 +125,21 @@ def _block_inputs(q, allowed, distance, block):
 def _forward(q, k, v, allowed, distance, slopes, block):
   """Output [B, T, KV, G, D] and the softmax statistics (row max, 1/row sum) per block."""
   scale = 1.0 / math.sqrt(q.shape[-1])
-  kt = jnp.swapaxes(_kv_major(k), 2, 3)  # [B, KV, D, S]
-  vm = _kv_major(v)
   qs, masks, dists = _block_inputs(q, allowed, distance, block)
+  looped = qs.shape[0] > 1
+  keys = jnp.swapaxes(k, 2, 3) if looped else k
 
   def step(_, xs):
     qb, mask, dist = xs
-    s = _scores(qb, kt, mask, dist, slopes, scale)
+    s = _scores(qb, keys, mask, dist, slopes, scale, looped)
     m = jnp.max(s, axis=-1, keepdims=True)
     e = jnp.exp(s - m)
     inv = 1.0 / jnp.sum(e, axis=-1, keepdims=True)
-    out = jnp.matmul(_rows(e.astype(v.dtype)), vm, preferred_element_type=jnp.float32)
+    out = jnp.matmul(_rows(e.astype(v.dtype)), v, preferred_element_type=jnp.float32)
     out = out.reshape(qb.shape) * inv
     return None, (out.astype(q.dtype), m, inv)
 
-  if qs.shape[0] == 1:  # one block (a decode step, or accelerators): no loop around it
+  if not looped:  # one block (a decode step, or accelerators): no loop around it
     _, (out, m, inv) = step(None, jax.tree.map(lambda x: x[0], (qs, masks, dists)))
     out, m, inv = (x[None] for x in (out, m, inv))
   else:
@@ -159,8 +161,8 @@ def _attend_bwd(block, residuals, d_out):
   q, k, v, allowed, distance, slopes, out, (m, inv) = residuals
   scale = 1.0 / math.sqrt(q.shape[-1])
   f32 = jnp.float32
-  km, vm = _kv_major(k).astype(f32), _kv_major(v).astype(f32)
-  kt, vt = jnp.swapaxes(km, 2, 3), jnp.swapaxes(vm, 2, 3)
+  km = k.astype(f32)
+  kt, vt = jnp.swapaxes(km, 2, 3), jnp.swapaxes(v.astype(f32), 2, 3)
   qs, masks, dists = _block_inputs(q, allowed, distance, block)
   d_out = d_out.astype(f32)
   d_outs = _to_blocks(_heads_major(d_out), block, 0, axis=2)
@@ -176,7 +178,7 @@ def _attend_bwd(block, residuals, d_out):
   def step(carry, xs):
     dkt, dvt = carry
     qb, qt, mask, dist, dob, dot, delta_b, mb, invb = xs
-    s = _scores(qb, kt, mask, dist, slopes, scale)
+    s = _scores(qb, kt, mask, dist, slopes, scale, True)
     p = jnp.exp(s - mb) * invb  # [B, KV, block, G, S]
     shape = p.shape
     rows = lambda x: x.reshape(*shape[:2], -1, x.shape[-1])  # [B, KV, block·G, S or D]
@@ -192,7 +194,7 @@ def _attend_bwd(block, residuals, d_out):
   (dkt, dvt), dqs = jax.lax.scan(
       step, (zeros, zeros), (qs, qts, masks, dists, d_outs, d_outs_t, deltas, m, inv))
   dq = jnp.moveaxis(_from_blocks(dqs, q.shape[1], axis=2), 2, 1)
-  dk, dv = (jnp.transpose(x, (0, 3, 1, 2)).astype(y.dtype) for x, y in ((dkt, k), (dvt, v)))
+  dk, dv = (jnp.swapaxes(x, 2, 3).astype(y.dtype) for x, y in ((dkt, k), (dvt, v)))
   # The mask, distances and slopes are inputs, not parameters: no gradient reaches them.
   return (dq, dk, dv, None, None, None)
 

@@ -197,9 +197,10 @@ def num_params(config: TransformerConfig) -> int:
 
 @flax.struct.dataclass
 class KVCache:
-  """Keys and values of every layer, [layers, B, S, kv_heads, head_dim], and valid lengths [B].
+  """Keys and values of every layer, [layers, B, kv_heads, S, head_dim], and valid lengths [B].
 
-  `k` and `v` may also be tuples of per-layer [B, S, kv_heads, head_dim] arrays
+  Heads-major, so attention reads a layer's keys and values in place (`models/attention.py`).
+  `k` and `v` may also be tuples of per-layer [B, kv_heads, S, head_dim] arrays
   (`unstacked`): a decode loop carries them that way, so a step writes each layer's buffer in
   place instead of slicing the stacked array per layer and stacking it again per token.
   """
@@ -210,7 +211,7 @@ class KVCache:
 
   @property
   def capacity(self) -> int:
-    return self.k[0].shape[1] if isinstance(self.k, tuple) else self.k.shape[2]
+    return self.k[0].shape[2] if isinstance(self.k, tuple) else self.k.shape[3]
 
   def unstacked(self) -> "KVCache":
     if isinstance(self.k, tuple):
@@ -225,7 +226,7 @@ class KVCache:
 
 def init_cache(config: TransformerConfig, batch_size: int, capacity: int,
                dtype=jnp.float32) -> KVCache:
-  shape = (config.num_layers, batch_size, capacity, config.kv_heads, config.dim_per_head)
+  shape = (config.num_layers, batch_size, config.kv_heads, capacity, config.dim_per_head)
   return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                  length=jnp.zeros((batch_size,), jnp.int32))
 
@@ -353,7 +354,7 @@ class Attention(nnx.Module):
     Args:
       x: [B, T, D] the chunk's hidden states.
       pos: positions of the chunk's tokens.
-      layer_cache: (k, v) [B, S, KV, Dh] of this layer, or None for a full forward pass.
+      layer_cache: (k, v) [B, KV, S, Dh] of this layer, or None for a full forward pass.
       cache_length: [B] number of valid cached positions; the chunk is written at that offset.
     Returns:
       ([B, T, D] output, updated (k, v) or None).
@@ -364,22 +365,21 @@ class Attention(nnx.Module):
       inv_freq = config_rope_frequencies(c)
       q = apply_rope(q, pos.position, inv_freq)
       k = apply_rope(k, pos.position, inv_freq)
+    k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, KV, T, Dh], the cache's layout
     if layer_cache is None:
       keys, values, key_pos = k, v, pos.position
-      key_valid = jnp.ones(key_pos.shape, bool)
       new_cache = None
     else:
-      write = jax.vmap(lambda buf, new, start: jax.lax.dynamic_update_slice(buf, new, (start, 0, 0)))
+      write = jax.vmap(lambda buf, new, start: jax.lax.dynamic_update_slice(buf, new, (0, start, 0)))
       keys = write(layer_cache[0], k.astype(layer_cache[0].dtype), cache_length)
       values = write(layer_cache[1], v.astype(layer_cache[1].dtype), cache_length)
-      capacity = keys.shape[1]
+      capacity = keys.shape[2]
       key_pos = jnp.broadcast_to(jnp.arange(capacity, dtype=jnp.int32), (x.shape[0], capacity))
-      key_valid = jnp.ones(key_pos.shape, bool)
       new_cache = (keys, values)
     group = c.num_heads // c.kv_heads
     qg = q.reshape(q.shape[0], q.shape[1], c.kv_heads, group, c.dim_per_head)
     distance = pos.position[:, :, None] - key_pos[:, None, :]  # [B, T, S]
-    allowed = (distance >= 0) & key_valid[:, None, :]
+    allowed = distance >= 0
     if pos.floor is not None:
       allowed = allowed & (key_pos[:, None, :] >= pos.floor[:, :, None])
     alibi = (distance, alibi_slopes(c.num_heads).reshape(c.kv_heads, group)) if c.alibi else (None, None)

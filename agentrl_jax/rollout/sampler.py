@@ -376,7 +376,7 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
   model = nnx.merge(graphdef, params)
   full = cache
   if window is not None and window < cache.capacity:
-    cache = cache.replace(k=cache.k[:, :, :window], v=cache.v[:, :, :window])
+    cache = cache.replace(k=cache.k[..., :window, :], v=cache.v[..., :window, :])
   cache = cache.unstacked()  # per-layer buffers through the turn, stacked again at its end
   allowed = vocabulary_mask(vocab_size, config.allowed_token_ids)
   b, t = obs_tokens.shape
@@ -430,8 +430,8 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
   (cache, _, _, _, _), out = jax.lax.scan(decode_step, init, jnp.arange(config.max_action_tokens))
   cache = cache.stacked()
   if cache is not full and cache.capacity < full.capacity:
-    cache = full.replace(k=full.k.at[:, :, :window].set(cache.k),
-                         v=full.v.at[:, :, :window].set(cache.v), length=cache.length)
+    cache = full.replace(k=full.k.at[..., :window, :].set(cache.k),
+                         v=full.v.at[..., :window, :].set(cache.v), length=cache.length)
   return TurnSample(tokens=out["token"].T, logprobs=out["logprob"].T,
                     num_tokens=out["emit"].sum(axis=0).astype(jnp.int32), cache=cache,
                     obs_routing=obs_routing,

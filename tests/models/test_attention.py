@@ -9,7 +9,10 @@ from agentrl_jax.models import attention
 
 
 def _reference(q, k, v, allowed, distance=None, slopes=None):
-  """One query, one head at a time: softmax over the allowed keys (all keys if none is)."""
+  """One query, one head at a time: softmax over the allowed keys (all keys if none is).
+
+  k, v: [B, S, KV, D] here (the kernel takes them heads-major, [B, KV, S, D]).
+  """
   b, t, kv, g, d = q.shape
   out = np.zeros(q.shape, np.float64)
   for bi in range(b):
@@ -24,6 +27,10 @@ def _reference(q, k, v, allowed, distance=None, slopes=None):
           p = np.exp(s - s.max())
           out[bi, ti, h, gi] = (p / p.sum()) @ v[bi, :, h]
   return out
+
+
+def _heads_major(x):
+  return jnp.swapaxes(jnp.asarray(x), 1, 2)
 
 
 def _case(seed, b=2, t=11, s=11, kv=2, g=3, d=4, cache=False):
@@ -46,14 +53,15 @@ def test_values_match_loop_reference(block, alibi):
   q, k, v, allowed, distance = _case(0)
   slopes = np.array([[0.5, 0.25, 0.125], [1.0, 2.0, 0.0625]], np.float32)
   extra = (distance, slopes) if alibi else ()
-  got = attention.attend(*map(jnp.asarray, (q, k, v, allowed)), *map(jnp.asarray, extra),
-                         block=block)
+  got = attention.attend(jnp.asarray(q), _heads_major(k), _heads_major(v), jnp.asarray(allowed),
+                         *map(jnp.asarray, extra), block=block)
   np.testing.assert_allclose(got, _reference(q, k, v, allowed, *extra), atol=1e-5)
 
 
 def test_queries_over_a_longer_cache_match_loop_reference():
   q, k, v, allowed, distance = _case(1, t=3, s=9, cache=True)
-  got = attention.attend(*map(jnp.asarray, (q, k, v, allowed)), block=2)
+  got = attention.attend(jnp.asarray(q), _heads_major(k), _heads_major(v), jnp.asarray(allowed),
+                         block=2)
   np.testing.assert_allclose(got, _reference(q, k, v, allowed), atol=1e-5)
 
 
@@ -76,7 +84,8 @@ def test_gradients_match_autodiff_of_plain_attention(block, alibi):
   def loss(fn):
     return lambda q, k, v: jnp.sum(weights * fn(q, k, v, allowed, *extra))
 
-  blocked = lambda *a: attention.attend(*a, block=block)
+  blocked = lambda q, k, v, *a: attention.attend(q, _heads_major(k), _heads_major(v), *a,
+                                                 block=block)
   got = jax.jit(jax.grad(loss(blocked), argnums=(0, 1, 2)))(q, k, v)
   want = jax.grad(loss(_plain), argnums=(0, 1, 2))(q, k, v)
   for name, g, w in zip("qkv", got, want):
@@ -91,6 +100,7 @@ def test_default_block_is_whole_sequence_off_cpu(monkeypatch):
 
 def test_bad_arguments_are_named():
   q, k, v, allowed, distance = map(jnp.asarray, _case(3))
+  k, v = _heads_major(k), _heads_major(v)
   with pytest.raises(ValueError, match="both distance and slopes"):
     attention.attend(q, k, v, allowed, distance)
   with pytest.raises(ValueError, match="block must be positive"):

@@ -23,7 +23,7 @@ Played with plain sampling (`play`), a batch draws exactly what `RolloutRunner.c
 implement (context-window policies, per-trajectory action budgets, process workers) are rejected
 by `check_supported` rather than silently ignored.
 
-The KV cache layout is [layers, B, S, kv_heads, head_dim] for keys and values and [B] for lengths,
+The KV cache layout is [layers, B, kv_heads, S, head_dim] for keys and values and [B] for lengths,
 so the batch axis of `k`/`v` is 1, not 0: the row helpers below name it explicitly.
 """
 
