@@ -23,14 +23,23 @@ import jax.numpy as jnp
 
 _NEG = float(jnp.finfo(jnp.float32).min)
 
-# Queries per block on CPU, where blocking keeps the scores in cache (measured at 16 x 256 tokens
-# on the `small` preset: 16 and 32 are equally fast, 64 is 20% slower, the whole sequence 6x).
+# CPU blocks: at most CPU_BLOCK queries, halved until one block's f32 scores [B, H, block, S] fit
+# in CPU_SCORE_BYTES, so they stay in cache. Measured on the `small` learner update: at 16 x 256
+# tokens blocks of 16 (2 MiB of scores) beat 8 and 32 and the whole sequence by 6x in the
+# forward; at 32 x 512, blocks of 8 (4 MiB) reach 47% of matmul peak where 16 (8 MiB) reach 39%.
 CPU_BLOCK = 16
+CPU_SCORE_BYTES = 4 << 20
 
 
-def default_block(length: int) -> int:
-  """CPU: `CPU_BLOCK` queries; accelerators: the whole sequence in one block (XLA fuses it)."""
-  return min(length, CPU_BLOCK) if jax.default_backend() == "cpu" else length
+def default_block(length: int, batch: int = 1, heads: int = 1, keys: int | None = None) -> int:
+  """Queries per block: sized to the cache on CPU; the whole sequence on accelerators."""
+  if jax.default_backend() != "cpu":
+    return length
+  keys = length if keys is None else keys
+  block = CPU_BLOCK
+  while block > 1 and batch * heads * block * keys * 4 > CPU_SCORE_BYTES:
+    block //= 2
+  return min(length, block)
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
@@ -50,7 +59,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
   if (distance is None) != (slopes is None):
     raise ValueError("attend needs both distance and slopes for ALiBi, or neither")
   t = q.shape[1]
-  block = default_block(t) if block is None else min(block, t)
+  if block is None:
+    block = default_block(t, q.shape[0], q.shape[2] * q.shape[3], k.shape[2])
+  block = min(block, t)
   if block <= 0:
     raise ValueError(f"attention block must be positive, got {block}")
   if distance is not None:

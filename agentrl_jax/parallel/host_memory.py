@@ -8,8 +8,8 @@ by page: measured 231k minor faults and 0.38 s of kernel time per 0.8 s step on 
 arena, no mmap and no trimming, the buffer is reused from the heap: zero faults per step, and the
 learner step runs 1.2x faster (bench/models.py: 42% -> 51% of matmul peak).
 
-The cost is that the process keeps its peak heap (up to 2 GiB of free memory above the heap top
-is not returned to the OS), which a training process reaches again every step anyway.
+The cost is that the process keeps its peak heap (free memory is never returned to the OS),
+which a training process reaches again every step anyway.
 Accelerator hosts lose nothing: device buffers are not malloc'd.
 
 Call `keep_freed_memory()` before JAX starts its CPU backend (`experiments/run.py` and the
@@ -38,6 +38,9 @@ def keep_freed_memory(top_pad_bytes: int = 256 << 20) -> bool:
     libc.gnu_get_libc_version  # glibc only: other libcs lack these mallopt parameters
   except (OSError, AttributeError):
     return False
-  settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _INT_MAX),
+  # A trim threshold of -1 turns trimming off (mallopt(3)); any positive one is an int, so at
+  # most 2 GiB, and a 32 x 512 `small` update (3.5 GB of temporaries) was trimmed and faulted in
+  # again every step.
+  settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1),
               (_M_TOP_PAD, min(top_pad_bytes, _INT_MAX)))
   return all(libc.mallopt(param, value) == 1 for param, value in settings)

@@ -92,10 +92,15 @@ def test_gradients_match_autodiff_of_plain_attention(block, alibi):
     np.testing.assert_allclose(g, w, atol=2e-5, err_msg=f"d{name}")
 
 
-def test_default_block_is_whole_sequence_off_cpu(monkeypatch):
-  assert attention.default_block(100) == min(100, attention.CPU_BLOCK)
+def test_default_block_fits_the_scores_in_cache_on_cpu_and_is_whole_off_it(monkeypatch):
+  assert attention.default_block(100) == attention.CPU_BLOCK
+  assert attention.default_block(5) == 5
+  # 16 x 8 heads x 16 queries x 256 keys x 4 bytes = 2 MiB: fits; at 32 x 512, 8 queries do.
+  assert attention.default_block(256, batch=16, heads=8) == 16
+  assert attention.default_block(512, batch=32, heads=8) == 8
+  assert attention.default_block(4, batch=1 << 20, heads=8, keys=4096) == 1
   monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-  assert attention.default_block(100) == 100
+  assert attention.default_block(100, batch=32, heads=8) == 100
 
 
 def test_bad_arguments_are_named():
