@@ -118,3 +118,10 @@ def test_rolled_back_cache_continues_like_a_full_pass_over_the_kept_tokens():
     turns = np.asarray([[0] * (6 + keep[b]) + [1] * 4], np.int32)
     full, _ = tfm.apply(graphdef, params, tokens, tfm.positions_from_turns(turns))
     np.testing.assert_allclose(cached[b], full[0, -4:], atol=1e-4, rtol=1e-4)
+
+
+def test_first_argmax_is_numpy_argmax_including_ties():
+  rng = np.random.default_rng(0)
+  x = rng.integers(0, 4, size=(64, 9)).astype(np.float32)  # many tied maxima
+  x[3] = -1e30  # a row that is all equal
+  np.testing.assert_array_equal(sampler_lib.first_argmax(jnp.asarray(x)), np.argmax(x, axis=-1))
