@@ -17,9 +17,11 @@ seed. Questions come from templates in three Spider-style tiers: easy (one table
 
 Safety: the database is written to a private temporary file per episode and the agent's SQL runs
 on a connection that (1) opens it with the URI `mode=ro`, (2) sets `PRAGMA query_only=ON`, (3) has
-an authorizer that allows only reads, SELECT, recursive CTEs and non-extension functions (so every
-write, ATTACH/DETACH, PRAGMA, transaction or schema change is denied before it runs), (4) aborts
-any statement after `time_limit_ms` through a progress handler, (5) caps string/blob sizes and
+refuses every statement whose kind is not SELECT, WITH, VALUES or EXPLAIN of one of those (the
+authorizer below is never consulted by a statement that names no table, e.g. a bare `REINDEX`),
+(4) has an authorizer that allows only reads, SELECT, recursive CTEs and non-extension functions
+(so every write, ATTACH/DETACH, PRAGMA, transaction or schema change is denied before it runs), (5) aborts
+any statement after `time_limit_ms` through a progress handler, (6) caps string/blob sizes and
 fetches at most `max_rows` rows. Python's sqlite3 executes one statement per call, so a
 stacked `SELECT 1; DROP TABLE t` is an error, not two statements.
 
@@ -67,6 +69,46 @@ _ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite
 # it (the length limit only rejects the result at the end). Text-to-SQL answers never need them.
 _DENIED_FUNCTIONS = frozenset({"load_extension", "readfile", "writefile", "edit", "fts3_tokenizer",
                                "printf", "format"})
+
+
+# Statement kinds that only read. VALUES is part of SQLite's SELECT grammar; EXPLAIN must be
+# followed by one of the others (`EXPLAIN REINDEX` also never reaches the authorizer).
+_READ_KINDS = frozenset({"SELECT", "WITH", "VALUES"})
+# Every other keyword SQLite's grammar lets a statement start with (sqlite.org/lang.html). A
+# first word outside both sets is not SQL, and SQLite's own syntax error says more about a typo
+# ("SELEC") than a refusal would.
+_OTHER_KINDS = frozenset({
+    "ALTER", "ANALYZE", "ATTACH", "BEGIN", "COMMIT", "CREATE", "DELETE", "DETACH", "DROP", "END",
+    "INSERT", "PRAGMA", "REINDEX", "RELEASE", "REPLACE", "ROLLBACK", "SAVEPOINT", "UPDATE",
+    "VACUUM"})
+_EXPLAIN = re.compile(r"EXPLAIN(\s+QUERY\s+PLAN)?\b", re.IGNORECASE)
+# Whitespace and comments SQLite skips before a statement's first keyword.
+_LEADING_NOISE = re.compile(r"(\s+|--[^\n]*(\n|$)|/\*.*?(\*/|$))*", re.DOTALL)
+_KEYWORD = re.compile(r"[A-Za-z_]+")
+
+
+def statement_refusal(sql: str) -> str | None:
+  """Why `sql` may not run (it is a statement of a kind that is not a read), else None.
+
+  Args:
+    sql: one statement, as the agent wrote it.
+
+  Returns:
+    An error message starting "not authorized" for every statement kind of SQLite's grammar but
+    SELECT, WITH, VALUES and EXPLAIN of one of those; None otherwise (text that is not SQL is left
+    to SQLite, which rejects it as a syntax error).
+  """
+  rest = sql[_LEADING_NOISE.match(sql).end():]
+  explain = _EXPLAIN.match(rest)
+  if explain:
+    rest = rest[explain.end():]
+    rest = rest[_LEADING_NOISE.match(rest).end():]
+  keyword = _KEYWORD.match(rest)
+  kind = keyword.group(0).upper() if keyword else ""
+  if kind not in _OTHER_KINDS:
+    return None
+  shown = f"EXPLAIN {kind}" if explain else kind
+  return f"not authorized: {shown} (only SELECT, WITH, VALUES, EXPLAIN run)"
 
 
 def _authorize(action: int, arg1: Any, arg2: Any, db_name: Any, trigger: Any) -> int:
@@ -138,6 +180,9 @@ class ReadOnlyDatabase:
 
   def execute(self, sql: str) -> ExecResult:
     """Runs one statement; any failure (syntax, denial, timeout, ...) comes back as an error."""
+    refusal = statement_refusal(sql) if isinstance(sql, str) else None
+    if refusal:
+      return ExecResult(ok=False, error=refusal)
     self._deadline = time.monotonic() + self.time_limit_s
     try:
       cursor = self._conn.execute(sql)
