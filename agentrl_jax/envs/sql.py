@@ -16,12 +16,12 @@ seed. Questions come from templates in three Spider-style tiers: easy (one table
 (aggregation, GROUP BY, ORDER BY/LIMIT), hard (joins with GROUP BY/HAVING, nested NOT IN).
 
 Safety: the database is written to a private temporary file per episode and the agent's SQL runs
-on a connection that (1) opens it with the URI `mode=ro`, (2) sets `PRAGMA query_only=ON`, (3) has
+on a connection that (1) opens it with the URI `mode=ro`, (2) sets `PRAGMA query_only=ON`, (3)
 refuses every statement whose kind is not SELECT, WITH, VALUES or EXPLAIN of one of those (the
-authorizer below is never consulted by a statement that names no table, e.g. a bare `REINDEX`),
-(4) has an authorizer that allows only reads, SELECT, recursive CTEs and non-extension functions
-(so every write, ATTACH/DETACH, PRAGMA, transaction or schema change is denied before it runs), (5) aborts
-any statement after `time_limit_ms` through a progress handler, (6) caps string/blob sizes and
+authorizer is never consulted by a statement that names no table, e.g. a bare `REINDEX`), (4)
+has an authorizer that allows only reads, SELECT, recursive CTEs and non-extension functions (so
+every write, ATTACH/DETACH, PRAGMA, transaction or schema change is denied before it runs), (5)
+aborts any statement after `time_limit_ms` through a progress handler, (6) caps string/blob sizes and
 fetches at most `max_rows` rows. Python's sqlite3 executes one statement per call, so a
 stacked `SELECT 1; DROP TABLE t` is an error, not two statements.
 
