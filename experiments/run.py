@@ -91,19 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _initialize_distributed() -> None:
-  """Joins a multi-process job before any device is touched.
-
-  GPU clusters and CPU tests name the coordinator in JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES
-  and JAX_PROCESS_ID (tpu/gpu_launch.sh sets them); Cloud TPU slices with several hosts are
-  discovered by JAX itself.
+  """Joins a multi-process job before any device is touched: explicit JAX_COORDINATOR_ADDRESS /
+  JAX_NUM_PROCESSES / JAX_PROCESS_ID (tpu/gpu_launch.sh), else any multi-host cluster JAX detects
+  (Cloud TPU VM or GKE slices, SLURM, Open MPI); see `multihost.initialize_from_environment`.
   """
-  import jax  # pylint: disable=import-outside-toplevel
-  address = os.environ.get("JAX_COORDINATOR_ADDRESS")
-  if address:
-    jax.distributed.initialize(address, int(os.environ["JAX_NUM_PROCESSES"]),
-                               int(os.environ["JAX_PROCESS_ID"]))
-  elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0:
-    jax.distributed.initialize()
+  importlib.import_module("agentrl_jax.parallel.multihost").initialize_from_environment(os.environ)
 
 
 def _entry_point(learner):

@@ -206,8 +206,6 @@ def _write_operative(workdir, process_index):
 
 
 def test_run_py_subprocess_rejects_a_misspelled_learner_binding(tmp_path):
-  pytest.importorskip("agentrl_jax.learner.learner",
-                      reason="learner.train is not written yet; run.py binds it by default")
   result = subprocess.run(
       [sys.executable, str(RUN_PY), "--gin_bindings=learner.train.num_iteratons=3",
        f"--workdir={tmp_path / 'work'}"],

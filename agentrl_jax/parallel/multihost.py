@@ -8,7 +8,11 @@ files (`is_writer`, `on_writer`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence, TypeVar
+import glob
+import os
+import urllib.error
+import urllib.request
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import jax
 import numpy as np
@@ -59,6 +63,117 @@ def initialize(config: MultihostConfig) -> None:
   if config.local_device_ids is not None:
     kwargs["local_device_ids"] = list(config.local_device_ids)
   jax.distributed.initialize(**kwargs)
+
+
+# Google's PCI vendor id: a TPU chip attached to this host (what JAX itself looks for).
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+_METADATA_URL = "http://{host}/computeMetadata/v1/instance/attributes/{key}"
+
+
+def _gce_tpu_metadata(key: str, environ: Mapping[str, str]) -> str | None:
+  """An attribute from the Cloud TPU VM's metadata server; None off a TPU VM or on any failure.
+
+  The server is only asked on a host with a TPU chip attached (so a laptop or a GPU node never
+  waits on a network timeout), and not when TPU_SKIP_MDS_QUERY is set (JAX's own opt-out).
+  """
+  if environ.get("TPU_SKIP_MDS_QUERY") is not None:
+    return None
+  vendors = []
+  for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
+    try:
+      with open(path) as f:
+        vendors.append(f.read().strip())
+    except OSError:
+      continue
+  if _GOOGLE_PCI_VENDOR not in vendors:
+    return None
+  url = _METADATA_URL.format(host=environ.get("GCE_METADATA_IP", "metadata.google.internal"),
+                             key=key)
+  request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
+  try:
+    with urllib.request.urlopen(request, timeout=10) as response:
+      return response.read().decode()
+  except (OSError, urllib.error.URLError):
+    return None
+
+
+def _count(items: str | None) -> int:
+  return len([item for item in (items or "").split(",") if item.strip()])
+
+
+def detected_cluster(environ: Mapping[str, str],
+                     tpu_metadata: Callable[[str], str | None] | None = None
+                     ) -> tuple[str, int] | None:
+  """The cluster `jax.distributed.initialize()` would find here, as (kind, process count).
+
+  Reads the signals JAX's own cluster detectors (`jax._src.clusters`) read, in their order:
+  a GKE TPU slice (TPU_PROCESS_ADDRESSES or TPU_WORKER_HOSTNAMES), a Cloud TPU VM slice (the
+  metadata server's `worker-network-endpoints`, asked through `tpu_metadata`), SLURM (the
+  SLURM_* variables of a `srun` step, SLURM_NTASKS processes) and Open MPI (`mpirun` sets
+  OMPI_MCA_orte_hnp_uri, OMPI_COMM_WORLD_SIZE processes). TPU slices multiply by
+  MEGASCALE_NUM_SLICES. None where none of them is present.
+
+  Args:
+    environ: the process environment (os.environ, or a dict in tests).
+    tpu_metadata: key -> metadata attribute text or None; default: ask the Cloud TPU VM's
+      metadata server when a TPU chip is attached, else None.
+  """
+  if tpu_metadata is None:
+    def tpu_metadata(key):
+      return _gce_tpu_metadata(key, environ)
+  slices = int(environ.get("MEGASCALE_NUM_SLICES") or 1)
+  gke_workers = environ.get("TPU_PROCESS_ADDRESSES") or environ.get("TPU_WORKER_HOSTNAMES")
+  if gke_workers is not None:
+    return "gke_tpu", _count(gke_workers) * slices
+  gce_workers = tpu_metadata("worker-network-endpoints")
+  if gce_workers is not None:
+    return "cloud_tpu_vm", _count(gce_workers) * slices
+  slurm = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+  if all(name in environ for name in slurm):
+    return "slurm", int(environ["SLURM_NTASKS"])
+  if "OMPI_MCA_orte_hnp_uri" in environ:
+    return "ompi", int(environ.get("OMPI_COMM_WORLD_SIZE") or 1)
+  return None
+
+
+def initialize_from_environment(
+    environ: Mapping[str, str] | None = None, *,
+    initialize: Callable[..., None] | None = None,
+    tpu_metadata: Callable[[str], str | None] | None = None) -> str | None:
+  """Joins a multi-process job at start-up, as the environment says; returns how, or None.
+
+  * JAX_COORDINATOR_ADDRESS set (tpu/gpu_launch.sh, CPU processes on loopback): the explicit
+    `initialize(address, JAX_NUM_PROCESSES, JAX_PROCESS_ID)`; returns "explicit".
+  * Otherwise, where `detected_cluster` finds more than one process (a multi-host Cloud TPU or
+    GKE slice, a SLURM step, an `mpirun` job): `initialize()` with no arguments, so that JAX's
+    own detection fills them in; returns the cluster's kind.
+  * Otherwise (one process, e.g. a single-host TPU VM or a workstation): nothing; returns None.
+
+  Call it before anything touches a device.
+
+  Args:
+    environ: the process environment; default os.environ.
+    initialize: default `jax.distributed.initialize` (tests pass a recorder).
+    tpu_metadata: passed to `detected_cluster`.
+
+  Raises:
+    ValueError: JAX_COORDINATOR_ADDRESS is set without JAX_NUM_PROCESSES or JAX_PROCESS_ID.
+  """
+  environ = os.environ if environ is None else environ
+  initialize = jax.distributed.initialize if initialize is None else initialize
+  address = environ.get("JAX_COORDINATOR_ADDRESS")
+  if address:
+    missing = [name for name in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID") if not environ.get(name)]
+    if missing:
+      raise ValueError(f"JAX_COORDINATOR_ADDRESS={address!r} needs {' and '.join(missing)} "
+                       "in the environment too")
+    initialize(address, int(environ["JAX_NUM_PROCESSES"]), int(environ["JAX_PROCESS_ID"]))
+    return "explicit"
+  cluster = detected_cluster(environ, tpu_metadata)
+  if cluster is not None and cluster[1] > 1:
+    initialize()
+    return cluster[0]
+  return None
 
 
 def host_share(num_items: int, process_index: int | None = None,
