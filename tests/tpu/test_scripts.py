@@ -193,7 +193,67 @@ def test_setup_copies_the_checkout_and_installs_on_every_worker(fake, tmp_path):
   remote = _option(install, "--command")
   assert "pip install --quiet 'jax[tpu]'" in remote
   assert "pip install --quiet -e '.[tpu]'" in remote
-  assert "python3 -m venv $HOME/agentrl_venv" in remote
+  # The images ship Python 3.10; the venv gets uv's 3.11 instead of the system python3.
+  assert "uv python install 3.11" in remote
+  assert "$(uv python find 3.11) -m venv $HOME/agentrl_venv" in remote
+  assert "python3 -m venv" not in remote
+
+
+@pytest.mark.parametrize("version", ["3.10", "3", "python3.12", "3.11; rm -rf /"])
+def test_setup_refuses_a_python_older_than_3_11(fake, version):
+  result = _run("setup.sh", [*V5E, f"--python={version}", "--dry-run"], fake.environ, check=False)
+  assert result.returncode == 2
+  assert "--python must be a version 3.11 or newer" in result.stderr
+  assert fake.calls() == []
+
+
+# A worker's tools for the install command: `uv` (finds the Python below), that Python (makes a
+# venv whose python is this test's interpreter, >= 3.11, and whose pip records its argv).
+_FAKE_UV = """#!/usr/bin/env bash
+echo "uv $*" >> "$FAKE_WORKER_LOG"
+if [ "$1 $2" = "python find" ]; then echo "$FAKE_NEW_PYTHON"; fi
+"""
+_FAKE_NEW_PYTHON = """#!/usr/bin/env bash
+echo "new-python $*" >> "$FAKE_WORKER_LOG"
+[ "$1 $2" = "-m venv" ] || exit 1
+mkdir -p "$3/bin"
+ln -sf {python} "$3/bin/python"
+printf '#!/usr/bin/env bash\necho "pip $*" >> "$FAKE_WORKER_LOG"\n' > "$3/bin/pip"
+chmod +x "$3/bin/pip"
+"""
+
+
+@pytest.mark.parametrize("old_venv", [False, True])
+def test_setup_install_command_makes_a_new_python_venv_on_the_worker(fake, tmp_path, old_venv):
+  """Runs the install command setup.sh sends on a fake worker home; an existing venv on the
+  image's Python 3.10 (a python that fails the version check) is replaced."""
+  _run("setup.sh", V5E, fake.environ)
+  remote = _option(fake.calls()[-1], "--command")
+  home = tmp_path / "worker_home"
+  (home / "agentrl_jax").mkdir(parents=True)
+  tools = tmp_path / "worker_bin"
+  tools.mkdir()
+  for name, text in (("uv", _FAKE_UV),
+                     ("new_python", _FAKE_NEW_PYTHON.format(python=sys.executable))):
+    (tools / name).write_text(text)
+    (tools / name).chmod(0o755)
+  if old_venv:
+    old = home / "agentrl_venv" / "bin" / "python"
+    old.parent.mkdir(parents=True)
+    old.write_text("#!/usr/bin/env bash\nexit 1\n")  # sys.version_info < (3, 11)
+    old.chmod(0o755)
+  log = tmp_path / "worker.log"
+  env = {**fake.environ, "HOME": str(home), "PATH": f"{tools}{os.pathsep}{fake.environ['PATH']}",
+         "FAKE_WORKER_LOG": str(log), "FAKE_NEW_PYTHON": str(tools / "new_python")}
+  subprocess.run(["bash", "-c", remote], env=env, capture_output=True, text=True, timeout=60,
+                 check=True)
+  venv_python = home / "agentrl_venv" / "bin" / "python"
+  assert venv_python.resolve() == pathlib.Path(sys.executable).resolve()
+  assert log.read_text().splitlines() == [
+      "uv python install 3.11", "uv python find 3.11",
+      f"new-python -m venv {home}/agentrl_venv",
+      "pip install --quiet --upgrade pip", "pip install --quiet jax[tpu]",
+      "pip install --quiet -e .[tpu]"]
 
 
 def test_setup_from_git_clones_the_ref(fake):
