@@ -2,11 +2,9 @@
 
 Runs `experiments/run.py` in a subprocess (its own 8 fake CPU devices) for a two-iteration smoke
 run, and checks that a wrong path, a config/weights mismatch and an unsupported architecture stop
-it with a message naming the problem. Needs `learner.train(init_from=..., mesh=...)`; skipped
-while the learner lacks those arguments.
+it with a message naming the problem.
 """
 
-import inspect
 import json
 import os
 import pathlib
@@ -16,8 +14,6 @@ import sys
 
 import pytest
 
-from agentrl_jax.learner import learner
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GIN = ROOT / "experiments" / "configs" / "hf_tiny_qwen2_grpo.gin"
 SMOKE = ["configs.TrainConfig.num_iterations = 2", "configs.TrainConfig.tasks_per_iteration = 4",
@@ -25,11 +21,7 @@ SMOKE = ["configs.TrainConfig.num_iterations = 2", "configs.TrainConfig.tasks_pe
          "configs.EvalConfig.num_tasks = 4", "configs.EvalConfig.pass_k_tasks = 4",
          "configs.TrainConfig.checkpoint_every = 2"]
 
-pytestmark = [
-    pytest.mark.slow, pytest.mark.integration,
-    pytest.mark.skipif("init_from" not in inspect.signature(learner.train).parameters,
-                       reason="learner.train has no init_from/mesh arguments yet"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 # Fake devices are threads: on a loaded machine a collective may wait past XLA's default 40 s
