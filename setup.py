@@ -62,6 +62,9 @@ _EXTRAS = {
     # reports); tensorboardX writes its event files there with google-cloud-storage.
     "tpu": ["jax[tpu]>=0.10", "gcsfs", "google-cloud-storage"],
     "gpu": ["jax[cuda12]>=0.10", "gcsfs", "google-cloud-storage"],
+    # The TensorBoard viewer for the event files the learner writes (`tensorboard --logdir ...`);
+    # writing them needs only tensorboardX, in the core install.
+    "tensorboard": ["tensorboard>=2.21"],
     "notebooks": ["jupytext>=1.19", "matplotlib>=3.11", "nbclient>=0.11", "ipykernel>=7.4",
                   "nbconvert>=7.17"],
 }
@@ -76,11 +79,14 @@ setuptools.setup(
     # The SentencePiece tokenizer model ships inside the package.
     package_data={"agentrl_jax": ["assets/**/*"]},
     include_package_data=True,
-    python_requires=">=3.10",
+    # numpy 2.4, jax 0.10, flax 0.12 and orbax 0.12 need Python 3.11.
+    python_requires=">=3.11",
     install_requires=_CORE,
     extras_require=_EXTRAS,
     classifiers=[
         "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.11",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
 )

@@ -9,11 +9,14 @@ The rewards measure improvement rather than one state:
   R_exec    = +1 if ¬exec_ok(q_0) ∧ exec_ok(q_K);  −1 if ¬exec_ok(q_K);  else 0
   R         = EX(q_K) + w_p·R_prog + w_l·R_lat + w_e·R_exec
 
-Two halves: host-side scoring of SQL strings (`clause_profile`, `structural_alignment`,
-`lexical_alignment`, `alignment_score`), which the SQL environment calls once per turn to fill
-`traj.extras`; and the jitted reward shaper `progressive_sql_reward`, which turns those per-turn
-arrays into the three bonuses. The environment's own reward is taken to be `EX(q_K)` on the last
-turn; the shaper adds `w_p·R_prog + w_l·R_lat + w_e·R_exec` to that turn.
+Two halves: a host-side, regex-based scorer of SQL strings (`clause_profile`,
+`structural_alignment`, `lexical_alignment`, `alignment_score`), a dependency-free reference that
+the tests exercise; and the jitted reward shaper `progressive_sql_reward`, which turns per-turn
+arrays in `traj.extras` into the three bonuses. The SQL environment does not call the scorer
+here: it fills those arrays (`sql_score`, `sql_exec_ok`, `sql_correct`) once per turn with the
+sqlglot-based clause comparison of `envs/sql_diagnostics.py`. The environment's own reward is
+taken to be `EX(q_K)` on the last turn; the shaper adds `w_p·R_prog + w_l·R_lat + w_e·R_exec` to
+that turn.
 """
 
 from __future__ import annotations
