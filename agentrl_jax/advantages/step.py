@@ -23,13 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
 from agentrl_jax.advantages import gae as gae_lib
 from agentrl_jax.advantages import group
 
 Array = jax.Array
 
-INITIAL_OBS_HASH_KEY = "initial_obs_hash"
 GIGPO_MODES = ("mean_norm", "mean_std_norm")
 GAGPO_SINGLETON_RULES = ("time_baseline", "self")
 
@@ -236,9 +236,11 @@ def gigpo_advantages(
 
   returns = step_returns(step_rewards.astype(jnp.float32), rows, discount)
   ids = step_groups(group_id, anchor_hash, rows)
-  stats = _flat_segment_stats(returns, ids, rows.astype(jnp.float32), b * n)
-  count, mean, std = (_gather(x, ids) for x in stats)
-  step = returns - mean
+  # Deviations from shifted sums: two rows of one anchor state can differ by 1e-4 at a return
+  # of 1000, below the float32 rounding of their mean (group.group_deviations).
+  stats = group.group_deviations(returns.reshape(-1), ids.reshape(-1), b * n,
+                                 rows.reshape(-1).astype(jnp.float32), detect_contiguous=False)
+  count, step, std = (x.reshape(b, n) for x in stats)
   if normalize:
     step = step / (std + eps)
   step = jnp.where(rows & (count > 1), step, 0.0)
@@ -360,7 +362,7 @@ def trajectory_anchor_hashes(traj: types.Trajectories, anchor_key: str | None = 
       raise ValueError(f"traj.extras[{anchor_key!r}] has shape {keys.shape}; anchors are per turn "
                        f"{traj.obs_hash.shape}")
     return keys.astype(jnp.int32)
-  initial = traj.extras.get(INITIAL_OBS_HASH_KEY)
+  initial = traj.extras.get(extra_keys.INITIAL_OBS_HASH_KEY)
   if initial is not None:
     initial = jnp.asarray(initial)
   return anchor_hashes(jnp.asarray(traj.obs_hash), initial)

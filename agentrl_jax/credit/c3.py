@@ -21,15 +21,13 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
-from agentrl_jax.credit import spans
+from agentrl_jax import trajectory
 
 Array = jax.Array
 
 DIRECTIONS = ("high_conf_stronger", "low_conf_stronger")
-BEHAVIOUR_FLAG_KEY = "behaviour_flag"
-FORMAT_ERROR_KEY = "format_error"
-TOOL_CALL_KEY = "tool_call"
 DETECTORS = ("invalid_action", "repeat_action", "redundant_tool_call", "format_error")
 
 
@@ -72,24 +70,24 @@ def flagged_turns(traj: types.Trajectories, detectors: Sequence[str]) -> Array:
   turn_mask = jnp.asarray(traj.turn_mask, bool)
   flags = jnp.zeros_like(turn_mask)
   method = "c3 (C³, B.3)"
-  earlier = spans.earlier_turn_matrix(turn_mask)
+  earlier = trajectory.earlier_turn_matrix(turn_mask)
   same_action = None
   if "repeat_action" in detectors or "redundant_tool_call" in detectors:
-    fingerprint = spans.action_fingerprints(traj)
+    fingerprint = trajectory.action_fingerprints(traj)
     same_action = fingerprint[:, :, None] == fingerprint[:, None, :]
   if "invalid_action" in detectors:
     flags |= ~jnp.asarray(traj.action_valid, bool)
   if "repeat_action" in detectors:
-    anchor, known = spans.anchor_hashes(traj)
+    anchor, known = trajectory.anchor_hashes(traj)
     same_state = (anchor[:, :, None] == anchor[:, None, :]) & known[:, None, :] & known[:, :, None]
     flags |= jnp.any(same_action & same_state & earlier, axis=2)
   if "redundant_tool_call" in detectors:
-    tool = spans.require(traj.extras, TOOL_CALL_KEY, where="extras", method=method,
+    tool = trajectory.require(traj.extras, extra_keys.TOOL_CALL_KEY, where="extras", method=method,
                          meaning="[B, N] bool, the turn's action is a tool call").astype(bool)
     tool_pair = tool[:, :, None] & tool[:, None, :]
     flags |= jnp.any(same_action & tool_pair & earlier, axis=2)
   if "format_error" in detectors:
-    flags |= spans.require(traj.extras, FORMAT_ERROR_KEY, where="extras", method=method,
+    flags |= trajectory.require(traj.extras, extra_keys.FORMAT_ERROR_KEY, where="extras", method=method,
                            meaning="[B, N] bool, the action did not parse").astype(bool)
   return flags & turn_mask
 
@@ -137,9 +135,9 @@ def c3(traj: types.Trajectories, advantages: Array, *, alpha: float = 1.0, kappa
     detectors: subset of `DETECTORS`, used when there is no `behaviour_flag`.
   """
   _check(alpha, kappa, min_factor, direction)
-  turn_tokens = spans.turn_one_hot(traj)
-  if BEHAVIOUR_FLAG_KEY in traj.extras:
-    flag = jnp.asarray(traj.extras[BEHAVIOUR_FLAG_KEY]).astype(bool)
+  turn_tokens = trajectory.turn_one_hot(traj)
+  if extra_keys.BEHAVIOUR_FLAG_KEY in traj.extras:
+    flag = jnp.asarray(traj.extras[extra_keys.BEHAVIOUR_FLAG_KEY]).astype(bool)
     chex.assert_equal_shape([flag, advantages])
     span_tokens = turn_tokens & flag[:, :, None]
   else:

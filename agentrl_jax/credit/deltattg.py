@@ -30,13 +30,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from agentrl_jax import config_errors
+from agentrl_jax import extra_keys
 from agentrl_jax import types
-from agentrl_jax.credit import spans
+from agentrl_jax import trajectory
 
 Array = jax.Array
 Params = dict[str, Any]
 
-METER_KEY = "ttg_meter"
 # Multiplier of the (token id, offset) bucket hash; any large odd number spreads the pairs.
 _BUCKET_MIX = 1_000_003
 
@@ -56,6 +57,7 @@ class MeterConfig:
   hidden: int = 64
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     for name in ("num_buckets", "width", "hidden"):
       value = getattr(self, name)
       if not (isinstance(value, int) and value >= 1):
@@ -122,7 +124,7 @@ def meter_apply(params: Params, traj: types.Trajectories) -> Array:
 
 def ttg_targets(traj: types.Trajectories) -> Array:
   """`[B, N]` regression targets `log(1 + TTG_k)`, `TTG_k = Σ_{j≥k} ntok_j` (a reverse cumsum)."""
-  ntok = spans.tokens_per_turn(traj)
+  ntok = trajectory.tokens_per_turn(traj)
   to_go = jnp.flip(jnp.cumsum(jnp.flip(ntok, axis=1), axis=1), axis=1)
   return jnp.where(jnp.asarray(traj.turn_mask, bool), jnp.log1p(to_go), 0.0)
 
@@ -169,7 +171,7 @@ def progress_weights(meter: Array, ntok: Array, turn_mask: Array, completed: Arr
   _check(temperature, mix, z_max)
   chex.assert_rank([meter, ntok, turn_mask, completed, direction], [2, 2, 2, 1, 1])
   turn_mask = turn_mask.astype(bool)
-  last = spans.last_turn(turn_mask)
+  last = trajectory.last_turn(turn_mask)
   m_last = jnp.sum(jnp.where(last, meter, 0.0), axis=1)
   terminal = jnp.where(completed.astype(bool), 0.0, m_last)
   following = jnp.concatenate([meter[:, 1:], jnp.zeros_like(meter[:, :1])], axis=1)
@@ -197,7 +199,7 @@ def ttg_redistribution(traj: types.Trajectories, advantages: Array, meter: Array
                        temperature: float = 1.0, mix: float = 0.5, z_max: float = 3.0) -> Array:
   """`A'_t = A_t·w_{turn(t)}` on action tokens, with `w` from `progress_weights`."""
   chex.assert_rank(advantages, 2)
-  w = progress_weights(meter.astype(jnp.float32), spans.tokens_per_turn(traj),
+  w = progress_weights(meter.astype(jnp.float32), trajectory.tokens_per_turn(traj),
                        jnp.asarray(traj.turn_mask), jnp.asarray(traj.success),
                        trajectory_direction(traj, advantages), temperature=temperature, mix=mix,
                        z_max=z_max)
@@ -214,7 +216,7 @@ def ttg_progress_credit(traj: types.Trajectories, advantages: Array, *, temperat
   Needs `traj.extras["ttg_meter"]` (`[B, N]` float32, `m_k` before each turn). Use `DeltaTTG`
   to compute the meter in the update instead.
   """
-  meter = spans.require(traj.extras, METER_KEY, where="extras", method="ttg_progress_credit (DeltaTTG, B.4)",
+  meter = trajectory.require(traj.extras, extra_keys.METER_KEY, where="extras", method="ttg_progress_credit (DeltaTTG, B.4)",
                         meaning="[B, N] meter estimate of the remaining effort before each turn")
   return ttg_redistribution(traj, advantages, meter, temperature=temperature, mix=mix, z_max=z_max)
 

@@ -21,21 +21,15 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
-from agentrl_jax.credit import spans
+from agentrl_jax import trajectory
 
 Array = jax.Array
 
 MAX_EPSILON = 0.1
 BYPASS_SCOPES = ("answer", "all")
 RETRIEVABLE = ("group", "oracle")
-
-EVIDENCE_FOUND_KEY = "evidence_found"
-ANSWER_CORRECT_KEY = "answer_correct"
-EVIDENCE_RETRIEVABLE_KEY = "evidence_retrievable"
-SEARCH_TURN_KEY = "search_turn"
-EVIDENCE_TURN_KEY = "evidence_turn"
-ANSWER_TURN_KEY = "answer_turn"
 
 
 def grounded_correction(advantages: Array, *, evidence_tokens: Array, answer_tokens: Array,
@@ -105,32 +99,32 @@ def grounded_credit(traj: types.Trajectories, advantages: Array, *, epsilon: flo
   if retrievable not in RETRIEVABLE:
     raise ValueError(f"gca retrievable must be one of {RETRIEVABLE}, got {retrievable!r}")
   method = "grounded_credit (GCA, B.2)"
-  correct = spans.require(traj.sub_outcomes, ANSWER_CORRECT_KEY, where="sub_outcomes",
+  correct = trajectory.require(traj.sub_outcomes, extra_keys.ANSWER_CORRECT_KEY, where="sub_outcomes",
                           method=method, meaning="[B] answer correctness") > 0.5
   turn_mask = jnp.asarray(traj.turn_mask, bool)
-  answer_turn = (jnp.asarray(traj.extras[ANSWER_TURN_KEY]).astype(bool)
-                 if ANSWER_TURN_KEY in traj.extras else spans.last_turn(turn_mask))
-  if infer_search_turns and SEARCH_TURN_KEY not in traj.extras:
+  answer_turn = (jnp.asarray(traj.extras[extra_keys.ANSWER_TURN_KEY]).astype(bool)
+                 if extra_keys.ANSWER_TURN_KEY in traj.extras else trajectory.last_turn(turn_mask))
+  if infer_search_turns and extra_keys.SEARCH_TURN_KEY not in traj.extras:
     search_turn = jnp.asarray(traj.action_valid, bool) & turn_mask & ~answer_turn
   else:
-    search_turn = spans.require(
-        traj.extras, SEARCH_TURN_KEY, where="extras", method=method,
+    search_turn = trajectory.require(
+        traj.extras, extra_keys.SEARCH_TURN_KEY, where="extras", method=method,
         meaning="[B, N] bool, the turn issued a search; or set infer_search_turns").astype(bool)
-  if EVIDENCE_TURN_KEY in traj.extras:
-    evidence_turn = jnp.asarray(traj.extras[EVIDENCE_TURN_KEY]).astype(bool) & search_turn
+  if extra_keys.EVIDENCE_TURN_KEY in traj.extras:
+    evidence_turn = jnp.asarray(traj.extras[extra_keys.EVIDENCE_TURN_KEY]).astype(bool) & search_turn
     found = jnp.any(evidence_turn & turn_mask, axis=1)
   else:
-    found = spans.require(
-        traj.sub_outcomes, EVIDENCE_FOUND_KEY, where="sub_outcomes", method=method,
-        meaning=f"[B] a retrieved document held the answer (or give extras[{EVIDENCE_TURN_KEY!r}])"
+    found = trajectory.require(
+        traj.sub_outcomes, extra_keys.EVIDENCE_FOUND_KEY, where="sub_outcomes", method=method,
+        meaning=f"[B] a retrieved document held the answer (or give extras[{extra_keys.EVIDENCE_TURN_KEY!r}])"
     ) > 0.5
     evidence_turn = search_turn & found[:, None]
   if retrievable == "group":
     can_retrieve = group_any(found, jnp.asarray(traj.group_id))
   else:
-    can_retrieve = spans.require(traj.sub_outcomes, EVIDENCE_RETRIEVABLE_KEY, where="sub_outcomes",
+    can_retrieve = trajectory.require(traj.sub_outcomes, extra_keys.EVIDENCE_RETRIEVABLE_KEY, where="sub_outcomes",
                                  method=method, meaning="[B] an oracle retriever hit") > 0.5
-  as_tokens = lambda turns: spans.to_tokens((turns & turn_mask).astype(jnp.float32), traj) > 0
+  as_tokens = lambda turns: trajectory.to_tokens((turns & turn_mask).astype(jnp.float32), traj) > 0
   return grounded_correction(
       advantages, evidence_tokens=as_tokens(evidence_turn), answer_tokens=as_tokens(answer_turn),
       policy_tokens=jnp.asarray(traj.action_mask, bool), found=found, correct=correct,

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentrl_jax import types
-from agentrl_jax.credit import spans
+from agentrl_jax import trajectory
 
 Array = jax.Array
 
@@ -88,10 +88,10 @@ def decision_features(traj: types.Trajectories, *, embed_dim: int = 32, num_buck
   """
   table = jax.random.normal(jax.random.key(seed), (num_buckets, embed_dim)) / np.sqrt(embed_dim)
   tokens = jnp.asarray(traj.tokens) % num_buckets
-  onehot = spans.turn_one_hot(traj).astype(jnp.float32)                       # [B, L, N]
+  onehot = trajectory.turn_one_hot(traj).astype(jnp.float32)                       # [B, L, N]
   count = jnp.maximum(jnp.sum(onehot, axis=1), 1.0)[..., None]
   text = jnp.einsum("bln,bld->bnd", onehot, table[tokens]) / count
-  anchor, known = spans.anchor_hashes(traj)
+  anchor, known = trajectory.anchor_hashes(traj)
   flags = jnp.stack([
       ~jnp.asarray(traj.action_valid, bool),
       jnp.asarray(traj.env_error, bool),
@@ -119,7 +119,7 @@ def first_divergence(traj: types.Trajectories, features: Array) -> Decisions:
   """
   turn_mask = jnp.asarray(traj.turn_mask, bool)
   b, n = turn_mask.shape
-  prefix = common_prefix_turns(spans.action_fingerprints(traj), turn_mask)
+  prefix = common_prefix_turns(trajectory.action_fingerprints(traj), turn_mask)
   num_turns = jnp.sum(turn_mask, axis=1)
   outcome = jnp.asarray(traj.outcome, jnp.float32)
   group_id = jnp.asarray(traj.group_id)

@@ -20,16 +20,12 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
-from agentrl_jax.credit import spans
+from agentrl_jax import trajectory
 
 Array = jax.Array
 
-TEACHER_LOGPROB_KEY = "teacher_logprob"
-STUDENT_LOGPROB_KEY = "student_logprob"
-SERL_MASK_KEY = "serl_mask"
-ACTION_SPAN_KEY = "action_span"
-UPDATE_STEP_KEY = "update_step"
 _EXP_CLIP = 20.0
 
 
@@ -93,23 +89,23 @@ def environment_reweighted_credit(traj: types.Trajectories, advantages: Array, *
   if not (isinstance(decay_steps, int) and decay_steps >= 0):
     raise ValueError(f"serl decay_steps must be an int >= 0, got {decay_steps!r}")
   method = "environment_reweighted_credit (SERL, B.13)"
-  teacher = spans.require(traj.extras, TEACHER_LOGPROB_KEY, where="extras", method=method,
+  teacher = trajectory.require(traj.extras, extra_keys.TEACHER_LOGPROB_KEY, where="extras", method=method,
                           meaning="[B, L] teacher log-probs of the sampled ids")
-  student = jnp.asarray(traj.extras.get(STUDENT_LOGPROB_KEY, traj.sample_logprob))
-  step = (spans.require(traj.extras, UPDATE_STEP_KEY, where="extras", method=method,
+  student = jnp.asarray(traj.extras.get(extra_keys.STUDENT_LOGPROB_KEY, traj.sample_logprob))
+  step = (trajectory.require(traj.extras, extra_keys.UPDATE_STEP_KEY, where="extras", method=method,
                         meaning="policy update counter, for the λ decay")
           if decay_steps > 0 else jnp.zeros((), jnp.int32))
   # A scalar, or one copy per row (batch-major, so it shards with the batch): all rows agree.
   step = jnp.max(jnp.asarray(step))
   mixing = effective_mixing(step, mixing_lambda=mixing_lambda, decay_steps=decay_steps)
-  if SERL_MASK_KEY in traj.extras:
-    reprompted = jnp.asarray(traj.extras[SERL_MASK_KEY]).astype(bool)
+  if extra_keys.SERL_MASK_KEY in traj.extras:
+    reprompted = jnp.asarray(traj.extras[extra_keys.SERL_MASK_KEY]).astype(bool)
   elif reprompt_successes:
     reprompted = jnp.ones(advantages.shape[:1], bool)
   else:
     reprompted = jnp.asarray(traj.outcome) < success_threshold
   policy = jnp.asarray(traj.action_mask, bool)
-  span = jnp.asarray(traj.extras[ACTION_SPAN_KEY]).astype(bool) if ACTION_SPAN_KEY in traj.extras else policy
+  span = jnp.asarray(traj.extras[extra_keys.ACTION_SPAN_KEY]).astype(bool) if extra_keys.ACTION_SPAN_KEY in traj.extras else policy
   selected = policy & span & reprompted[:, None]
   return environment_reweighting(advantages, teacher, student, selected, mixing,
                                  weight_clip=weight_clip)

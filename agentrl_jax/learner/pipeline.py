@@ -7,7 +7,7 @@ Each stage is a list of pure functions chosen in gin (DESIGN.md, "The data contr
   correction:     fn(traj, advantages [B, L]) -> advantages [B, L]
 
 A correction never learns which estimator ran; a shaper changes `reward` (and, through
-`with_turn_rewards`, the matching `outcome`) and nothing else.
+`trajectory.with_turn_rewards`, the matching `outcome`) and nothing else.
 """
 
 from __future__ import annotations
@@ -16,24 +16,12 @@ import dataclasses
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 
 from agentrl_jax import types
 from agentrl_jax.advantages import estimators
 
 RewardShaper = Callable[[types.Trajectories], types.Trajectories]
 Correction = Callable[[types.Trajectories, jax.Array], jax.Array]
-
-
-def with_turn_rewards(traj: types.Trajectories, reward: jax.Array) -> types.Trajectories:
-  """Replaces the turn rewards [B, N] and moves each trajectory's outcome by the same total.
-
-  Trajectory-level estimators read `outcome`; turn-level ones read `reward`. Shifting both by
-  the shaped amount keeps them consistent (ALGORITHMS.md B.1: R_b = R_ext,b + Σ_k r_int[b, k]).
-  """
-  reward = jnp.where(traj.turn_mask, reward, 0.0).astype(jnp.float32)
-  delta = jnp.sum(reward - jnp.where(traj.turn_mask, traj.reward, 0.0), axis=1)
-  return traj.replace(reward=reward, outcome=traj.outcome + delta)
 
 
 @dataclasses.dataclass(frozen=True)

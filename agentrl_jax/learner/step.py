@@ -9,7 +9,7 @@ behaviour policy at staleness 0); the gap to the sampler's own log-probs is repo
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import chex
 import jax
@@ -17,14 +17,14 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from agentrl_jax import config_errors
+from agentrl_jax import extra_keys
 from agentrl_jax import types
 from agentrl_jax.losses import kl as kl_lib
 from agentrl_jax.losses import policy as policy_loss
 from agentrl_jax.losses import value as value_loss
+from agentrl_jax.models import distribution
 from agentrl_jax.models import transformer
-from agentrl_jax.rollout import context as context_lib
-from agentrl_jax.rollout import loop as loop_lib
-from agentrl_jax.rollout import sampler as sampler_lib
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,6 +55,7 @@ class LossConfig:
   ratio_level: str = "token"
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     if self.ratio_level not in ("token", "turn", "sequence"):
       raise ValueError(f"LossConfig.ratio_level must be 'token', 'turn' or 'sequence', got "
                        f"{self.ratio_level!r}")
@@ -69,61 +70,6 @@ class LossConfig:
                        f"{self.ppo_epochs}, {self.num_minibatches}")
     if self.agg_mode == "seq-mean-token-sum-norm" and not self.max_len_norm:
       raise ValueError("LossConfig.agg_mode='seq-mean-token-sum-norm' needs max_len_norm (L_max)")
-
-
-def token_log_probs(logits: jax.Array, tokens: jax.Array, allowed: jax.Array | None,
-                    temperature: float) -> tuple[jax.Array, jax.Array]:
-  """Log-prob [B, L] of each token under the policy, and the policy's entropy there.
-
-  The logits at position t−1 predict token t; position 0 gets 0 (it is never an action token,
-  since every conversation opens with an observation).
-  """
-  logp_all = sampler_lib.policy_log_probs(logits[:, :-1], allowed, temperature)
-  logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
-  entropy = -jnp.sum(jnp.exp(logp_all) * jnp.where(jnp.isfinite(logp_all), logp_all, 0.0), axis=-1)
-  pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
-  return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, entropy], axis=1)
-
-
-class ActionView(NamedTuple):
-  """The first K action tokens of each row: their token index [B, K] and whether they exist."""
-
-  index: jax.Array
-  valid: jax.Array
-
-  def gather(self, x: jax.Array) -> jax.Array:
-    """[B, L] token-level array -> [B, K] values at the action tokens (0 where none)."""
-    return jnp.where(self.valid, jnp.take_along_axis(x, self.index, axis=1), 0).astype(x.dtype)
-
-
-def action_view(action_mask: jax.Array, max_actions: int) -> ActionView:
-  """Locates the action tokens; `max_actions` must bound the action tokens of any row.
-
-  Loss terms live on action tokens only, so the learner evaluates the LM head (the costliest
-  part of a small model: V columns per position) at these K positions instead of all L.
-  """
-  k = min(max_actions, action_mask.shape[1])
-  order = jnp.argsort(~action_mask, axis=1, stable=True)[:, :k].astype(jnp.int32)
-  return ActionView(index=order, valid=jnp.take_along_axis(action_mask, order, axis=1))
-
-
-def action_log_probs(graphdef: nnx.GraphDef, params, tokens, positions, view: ActionView,
-                     allowed: jax.Array | None, temperature: float,
-                     routing: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-  """Log-prob and policy entropy [B, K] at the action tokens of `view`.
-
-  The hidden state at position t−1 predicts token t, so the head reads the row before each action.
-  `routing` [B, L, layers, k] replays a mixture-of-experts policy's recorded expert choices.
-  """
-  model = nnx.merge(graphdef, params)
-  features, _ = model.features(tokens, positions, routing=routing)
-  prev = jnp.maximum(view.index - 1, 0)
-  logits = model.head_out(jnp.take_along_axis(features, prev[..., None], axis=1))
-  logp_all = sampler_lib.policy_log_probs(logits, allowed, temperature)
-  picked = jnp.take_along_axis(tokens, view.index, axis=1)
-  logp = jnp.take_along_axis(logp_all, picked[..., None], axis=-1)[..., 0]
-  entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
-  return jnp.where(view.valid, logp, 0.0), jnp.where(view.valid, entropy, 0.0)
 
 
 def truncated_importance_weights(old_logp: jax.Array, sample_logp: jax.Array, valid: jax.Array,
@@ -168,8 +114,8 @@ def make_update_fn(
   use_critic = critic_graphdef is not None
 
   def forward_policy(params, traj, positions, view):
-    routing = traj.extras.get(loop_lib.ROUTING_KEY) if loss.replay_routing else None
-    return action_log_probs(policy_graphdef, params, traj.tokens, positions, view, allowed,
+    routing = traj.extras.get(extra_keys.ROUTING_KEY) if loss.replay_routing else None
+    return distribution.action_log_probs(policy_graphdef, params, traj.tokens, positions, view, allowed,
                             temperature, routing)
 
   def forward_critic(params, traj, positions):
@@ -218,11 +164,11 @@ def make_update_fn(
 
   def update(state: types.ActorCriticState, traj: types.Trajectories):
     chex.assert_rank(traj.tokens, 2)
-    positions = context_lib.trajectory_positions(traj)
+    positions = distribution.trajectory_positions(traj)
     mask = traj.action_mask & traj.valid_trajectory[:, None]
     # With a single on-policy step the pre-update log-probs come from the same forward pass
     # as the gradient; recomputing them separately would cost a third of the update.
-    view = action_view(traj.action_mask, max_actions)
+    view = distribution.action_view(traj.action_mask, max_actions)
     single_step = loss.ppo_epochs == 1 and loss.num_minibatches == 1
     old_logp = None if single_step else forward_policy(state.policy_params, traj, positions, view)[0]
     old_values = forward_critic(state.critic_params, traj, positions) if use_critic else None
@@ -293,9 +239,9 @@ def make_sft_fn(*, policy_graphdef: nnx.GraphDef, optimizer: optax.GradientTrans
   """
 
   def nll(params, traj):
-    positions = context_lib.trajectory_positions(traj)
-    view = action_view(traj.action_mask, max_actions)
-    logp, _ = action_log_probs(policy_graphdef, params, traj.tokens, positions, view, allowed,
+    positions = distribution.trajectory_positions(traj)
+    view = distribution.action_view(traj.action_mask, max_actions)
+    logp, _ = distribution.action_log_probs(policy_graphdef, params, traj.tokens, positions, view, allowed,
                                temperature)
     return -policy_loss.aggregate(logp, view.valid, "token-mean")
 

@@ -17,19 +17,23 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
+
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from agentrl_jax import config_errors
 from agentrl_jax import types
-from agentrl_jax.learner import checkpoint as checkpoint_lib
+from agentrl_jax.learner import assembly
 from agentrl_jax.learner import configs
-from agentrl_jax.learner import metrics as metrics_lib
-from agentrl_jax.learner import step as step_lib
+from agentrl_jax.learner import driver
+from agentrl_jax.learner import hooks as hooks_lib
+from agentrl_jax.learner import rollouts as rollouts_lib
 from agentrl_jax.losses import sft
+from agentrl_jax.models import distribution
 from agentrl_jax.models import transformer
 from agentrl_jax.offline import common
 from agentrl_jax.offline import store as store_lib
@@ -65,6 +69,7 @@ class DriftConfig:
   normalize_by_weight_sum: bool = False
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     if self.reference not in REFERENCES:
       raise ValueError(f"DriftConfig.reference must be one of {REFERENCES}, got {self.reference!r}")
     if not 0 <= self.expert_noise <= 1:
@@ -94,8 +99,8 @@ def make_weighted_sft_fn(setup: common.Setup, optimizer: optax.GradientTransform
 
   def objective(params, traj, weights):
     positions = transformer.positions_from_turns(traj.turn_of_token)
-    view = step_lib.action_view(traj.action_mask, setup.max_actions)
-    logp, _ = step_lib.action_log_probs(setup.graphdef, params, traj.tokens, positions, view,
+    view = distribution.action_view(traj.action_mask, setup.max_actions)
+    logp, _ = distribution.action_log_probs(setup.graphdef, params, traj.tokens, positions, view,
                                         setup.allowed, setup.temperature)
     mask = view.valid & traj.valid_trajectory[:, None]
     loss = sft.weighted_sft_loss(logp, mask, weights,
@@ -120,7 +125,7 @@ def collect_offline(setup: common.Setup, params, config: configs.TrainConfig, dr
   done = set(store.parts(0))
   actor_rng = np.random.default_rng(config.seed)
   for part in range(drift.num_batches):
-    seeds, groups = common.task_batch(config, part)
+    seeds, groups = rollouts_lib.task_batch(config, part)
     # Group ids are global over the whole offline set, so weights normalise per task.
     groups = [part * config.tasks_per_iteration + g for g in groups]
     if part in done:
@@ -136,6 +141,45 @@ def collect_offline(setup: common.Setup, params, config: configs.TrainConfig, dr
     store.write(store_lib.replayable(traj), seeds=seeds, policy_version=0, part=part)
 
 
+class DriftMethod(common.PolicyMethod):
+  """DRIFT as a driver method: weighted SFT on minibatches of the offline set."""
+
+  name = "drift"
+
+  def __init__(self, setup: common.Setup, config: configs.TrainConfig, drift: DriftConfig,
+               store: store_lib.TrajectoryStore, step):
+    self._setup, self._config, self._drift, self._store, self._step = (
+        setup, config, drift, store, step)
+    self._data = self._weights = None
+
+  def prepare(self, state: types.ActorCriticState) -> dict[str, float]:
+    """Collects the offline set with the reference (resumably) and weights it."""
+    collect_offline(self._setup, state.policy_params, self._config, self._drift, self._store)
+    data, _ = self._store.read(0)
+    self._weights = sft.importance_weights(
+        trajectory_returns(data, self._drift), jnp.asarray(data.group_id),
+        self._drift.num_batches * self._config.tasks_per_iteration, self._drift.beta).weights
+    self._data = common.to_device(data)
+    return {"drift/offline_success": float(np.mean(data.success)),
+            "drift/max_weight": float(jnp.max(self._weights)), "drift/episodes": data.batch_size}
+
+  def iteration(self, state, iteration: int) -> driver.IterationResult:
+    n = self._data.batch_size
+    mb = min(self._config.batch_size, n)
+    epoch, offset = divmod(iteration * mb, n)
+    perm = np.random.default_rng([self._config.seed, epoch]).permutation(n)
+    idx = jnp.asarray(np.resize(np.roll(perm, -offset), mb))
+    batch = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), self._data)
+    params, opt_state, m = self._step(state.policy_params, state.policy_opt_state, batch,
+                                      jnp.take(self._weights, idx))
+    state = state.replace(policy_params=params, policy_opt_state=opt_state,
+                          step=jnp.asarray(iteration + 1, jnp.int32))
+    return driver.IterationResult(state, {k: float(v) for k, v in jax.device_get(m).items()}, batch)
+
+  def progress(self, metrics) -> dict[str, float]:
+    return {"nll": metrics["sft/nll"]}
+
+
 def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
           model: transformer.TransformerConfig | None = None,
           rollout: loop_lib.RolloutConfig = loop_lib.RolloutConfig(),
@@ -143,61 +187,20 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
           drift: DriftConfig = DriftConfig(),
           warm_start: configs.WarmStartConfig = configs.WarmStartConfig(),
           evaluation: configs.EvalConfig = configs.EvalConfig(),
-          tokenizer_path: str | None = None) -> common.Summary:
+          hooks: Sequence[hooks_lib.Hook] = (),
+          tokenizer_path: str | None = None) -> driver.Outcome:
   """Collects offline data from the reference once, then runs `num_iterations` weighted-SFT steps.
 
   Each step trains on one minibatch of `batch_size` stored episodes drawn without replacement
   within an epoch. The workdir holds the store (`trajectories/`), checkpoints and metrics; a
-  rerun resumes both the collection and the training.
+  rerun resumes both the collection and the training. The reference is the policy after the
+  warm start (checkpointed at step 0), so a resumed collection uses the same one.
   """
-  setup, params, writer, base_key, before = common.start(
-      workdir, config, model, rollout, warm_start, evaluation, tokenizer_path)
-
+  setup, params = common.resolve(config, model, rollout, tokenizer_path)
+  optimizer = assembly.make_optimizer(optim, config.num_iterations)
+  state = common.policy_state(params, optimizer, config.seed)
   store = store_lib.TrajectoryStore(os.path.join(workdir, "trajectories"))
-  collect_offline(setup, params, config, drift, store)
-  data, _ = store.read(0)
-  weights = sft.importance_weights(trajectory_returns(data, drift), jnp.asarray(data.group_id),
-                                   drift.num_batches * config.tasks_per_iteration, drift.beta)
-  writer.write(0, {"drift/offline_success": float(np.mean(data.success)),
-                   "drift/max_weight": float(jnp.max(weights.weights)),
-                   "drift/episodes": data.batch_size})
-
-  optimizer = common.make_optimizer(optim, config.num_iterations)
-  state = types.ActorCriticState(step=jnp.zeros((), jnp.int32),
-                                 rng=jax.random.key_data(base_key), policy_params=params,
-                                 policy_opt_state=optimizer.init(params))
-  ckpt = checkpoint_lib.Checkpointer(workdir)
-  extra = {"iteration": 0}
-  if ckpt.latest_step() is not None:
-    state, extra = ckpt.restore(target=state)
-  step = make_weighted_sft_fn(setup, optimizer, drift.normalize_by_weight_sum)
-  n = data.batch_size
-  mb = min(config.batch_size, n)
-  device_data = common.to_device(data)
-  metrics: dict[str, float] = {}
-  progress = metrics_lib.ProgressBar(total=config.num_iterations, initial=extra["iteration"],
-                                     enabled=jax.process_index() == 0)
-  params, opt_state = state.policy_params, state.policy_opt_state
-  for iteration in range(extra["iteration"], config.num_iterations):
-    start = time.perf_counter()
-    epoch, offset = divmod(iteration * mb, n)
-    perm = np.random.default_rng([config.seed, epoch]).permutation(n)
-    idx = jnp.asarray(np.resize(np.roll(perm, -offset), mb))
-    batch = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), device_data)
-    params, opt_state, m = step(params, opt_state, batch, jnp.take(weights.weights, idx))
-    metrics = {k: float(v) for k, v in jax.device_get(m).items()}
-    metrics["time/iteration_s"] = time.perf_counter() - start
-    done = extra["iteration"] = iteration + 1
-    if iteration == 0:
-      metrics_lib.write_operative_config(workdir, process_index=jax.process_index())
-    if done % evaluation.every == 0 or done == config.num_iterations:
-      metrics.update(common.evaluate(setup, params, evaluation, jax.random.fold_in(base_key, done)))
-    if done % config.log_every == 0 or done == config.num_iterations:
-      writer.write(done, metrics)
-    progress.update(done, {"nll": metrics["sft/nll"]})
-    if done % config.checkpoint_every == 0 or done == config.num_iterations:
-      ckpt.save(done, state.replace(policy_params=params, policy_opt_state=opt_state,
-                                    step=jnp.asarray(done, jnp.int32)), extra)
-  progress.close()
-  return common.finish("drift", setup, params, metrics, before, extra["iteration"],
-                       evaluation, base_key, writer)
+  method = DriftMethod(setup, config, drift, store,
+                       make_weighted_sft_fn(setup, optimizer, drift.normalize_by_weight_sum))
+  return common.drive(workdir, method, state, setup=setup, config=config, warm=warm_start,
+                      evaluation=evaluation, prepare=method.prepare, hooks=hooks)

@@ -46,8 +46,9 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from agentrl_jax import config_errors
+from agentrl_jax import extra_keys
 from agentrl_jax import types
-from agentrl_jax.advantages import step as step_lib
 from agentrl_jax.envs import base as envs_base
 from agentrl_jax.envs import registry
 
@@ -58,9 +59,6 @@ _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _NAME = re.compile(r"\b[A-Z][a-z]+\b")
 _EXPERIENCE = "\nexperience:"
 
-# Info keys (and so `traj.extras` keys) of the cluster ids the wrapper reports at every step.
-STATE_KEY = "state_key"
-ANCHOR_STATE_KEY = "anchor_state_key"
 # The loop stores numeric info as float32, exact for integers below 2**24.
 _KEY_ID_BITS = 24
 
@@ -199,6 +197,7 @@ class LibraryConfig:
   episodes_per_update: int = 128
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     for name in ("num_retrieved", "max_admissions_per_update", "max_per_key", "max_entries",
                  "episodes_per_update"):
       if getattr(self, name) < 1:
@@ -353,13 +352,13 @@ _shared_library = library  # `ExperienceEnv.__init__` takes an argument called `
 
 
 class LibraryCheckpoint:
-  """A reward shaper that changes nothing and checkpoints the library called `library`.
+  """A learner hook that checkpoints the library called `library` with the run.
 
-  The online learner saves `state_dict()` of every reward shaper and correction that has one in
-  its checkpoint (`extra['credit_state']`) and calls `load_state_dict` on resume; this object is
-  how the SLEA library rides along:
+  The driver saves `state_dict()` of every stateful part of the run (reward shapers,
+  corrections, the strategy and hooks) in its checkpoint (`extra['credit_state']`) and calls
+  `load_state_dict` on resume; this hook is how the SLEA library rides along:
 
-    learner.train.reward_shapers = [@experience.LibraryCheckpoint()]
+    learner.train.hooks = [@experience.LibraryCheckpoint()]
     experience.LibraryCheckpoint.library = 'slea_frozenlake'   # = env_kwargs['library']
 
   The library is looked up by name when saved or restored, not when this object is built: the
@@ -379,8 +378,8 @@ class LibraryCheckpoint:
           f"{sorted(_LIBRARIES) or 'none'}); set it to the 'slea' env's env_kwargs['library']")
     return _LIBRARIES[self.library]
 
-  def __call__(self, traj: types.Trajectories) -> types.Trajectories:
-    return traj
+  def __call__(self, event) -> None:
+    del event  # the library is saved with the checkpoint, not after every iteration
 
   def state_dict(self) -> dict[str, Any]:
     return {"library": self.library, **self._library().state_dict()}
@@ -411,15 +410,15 @@ def use_state_key_as_obs_hash(traj: types.Trajectories) -> types.Trajectories:
   Raises:
     ValueError: the batch has no cluster ids (the env is not wrapped by 'slea').
   """
-  missing = [k for k in (STATE_KEY, ANCHOR_STATE_KEY) if k not in traj.extras]
+  missing = [k for k in (extra_keys.STATE_KEY, extra_keys.ANCHOR_STATE_KEY) if k not in traj.extras]
   if missing:
     raise ValueError(f"use_state_key_as_obs_hash: traj.extras lacks {missing} (has: "
                      f"{sorted(traj.extras) or 'nothing'}); it needs the 'slea' env")
-  state = jnp.asarray(traj.extras[STATE_KEY]).astype(jnp.int32)
-  anchor = jnp.asarray(traj.extras[ANCHOR_STATE_KEY]).astype(jnp.int32)
+  state = jnp.asarray(traj.extras[extra_keys.STATE_KEY]).astype(jnp.int32)
+  anchor = jnp.asarray(traj.extras[extra_keys.ANCHOR_STATE_KEY]).astype(jnp.int32)
   obs_hash = jnp.where(jnp.asarray(traj.turn_mask), state, jnp.asarray(traj.obs_hash))
   return traj.replace(obs_hash=obs_hash.astype(jnp.int32),
-                      extras={**traj.extras, step_lib.INITIAL_OBS_HASH_KEY: anchor[:, 0]})
+                      extras={**traj.extras, extra_keys.INITIAL_OBS_HASH_KEY: anchor[:, 0]})
 
 
 def experience_block(entries: Sequence[Entry]) -> str:
@@ -485,8 +484,8 @@ class ExperienceEnv(envs_base.TextEnv):
     if result.done and self._seed < self.read_only_from_seed:
       self.library.observe(Episode(seed=self._seed, steps=tuple(self._steps), ret=self._return,
                                    success=bool(result.info.get("success", False))))
-    info = {**result.info, STATE_KEY: key_id(self.key_fn(result.observation)),
-            ANCHOR_STATE_KEY: key_id(anchor_key)}
+    info = {**result.info, extra_keys.STATE_KEY: key_id(self.key_fn(result.observation)),
+            extra_keys.ANCHOR_STATE_KEY: key_id(anchor_key)}
     return result._replace(observation=self._augment(result.observation), info=info)
 
   def _on_step_cap(self, result: envs_base.StepResult) -> envs_base.StepResult:

@@ -19,8 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import time
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import chex
 import jax
@@ -32,16 +31,18 @@ from flax import nnx
 from agentrl_jax import config_errors
 from agentrl_jax import types
 from agentrl_jax.advantages import estimators
-from agentrl_jax.learner import checkpoint as checkpoint_lib
+from agentrl_jax.learner import assembly
 from agentrl_jax.learner import configs
-from agentrl_jax.learner import metrics as metrics_lib
+from agentrl_jax.learner import driver
+from agentrl_jax.learner import hooks as hooks_lib
 from agentrl_jax.learner import pipeline
+from agentrl_jax.learner import rollouts as rollouts_lib
 from agentrl_jax.learner import step as step_lib
+from agentrl_jax.models import distribution
 from agentrl_jax.models import transformer
 from agentrl_jax.offline import common
 from agentrl_jax.offline import store as store_lib
 from agentrl_jax.rollout import loop as loop_lib
-from agentrl_jax.rollout import sampler as sampler_lib
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +68,7 @@ class IterativeGRPOConfig:
   improve_steps: int = 10
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     if not 0 <= self.gamma <= 1:
       raise ValueError(f"IterativeGRPOConfig.gamma must be in [0, 1], got {self.gamma}")
     if self.q_loss not in ("mse", "bce"):
@@ -172,7 +174,7 @@ def make_candidate_fn(policy_graphdef: nnx.GraphDef, q_graphdef: nnx.GraphDef,
     model = nnx.merge(policy_graphdef, policy_params)
     features, _ = model.features(tokens, transformer.positions_from_turns(turns))
     prev = jnp.take_along_axis(features, (start - 1)[:, None, None], axis=1)
-    logp_all = sampler_lib.policy_log_probs(model.head_out(prev)[:, 0], allowed, temperature)
+    logp_all = distribution.policy_log_probs(model.head_out(prev)[:, 0], allowed, temperature)
     picked = jax.random.categorical(key, logp_all, shape=(candidates, c)).T  # [C, G]
     logp = jnp.take_along_axis(logp_all, picked, axis=1)
     rep = lambda x: jnp.repeat(x, candidates, axis=0)
@@ -206,7 +208,8 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
           iterative: IterativeGRPOConfig = IterativeGRPOConfig(),
           warm_start: configs.WarmStartConfig = configs.WarmStartConfig(),
           evaluation: configs.EvalConfig = configs.EvalConfig(),
-          tokenizer_path: str | None = None) -> common.Summary:
+          hooks: Sequence[hooks_lib.Hook] = (),
+          tokenizer_path: str | None = None) -> driver.Outcome:
   """Runs `config.num_iterations` rounds of (deploy + log, fit Q, GRPO against Q).
 
   Args:
@@ -220,8 +223,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     raise config_errors.ConfigError(
         "iterative_grpo.train samples candidates with one forward pass per context and needs "
         "TrainConfig.restrict_to_action_words = True")
-  setup, params, writer, base_key, before = common.start(
-      workdir, config, model, rollout, warm_start, evaluation, tokenizer_path)
+  setup, params = common.resolve(config, model, rollout, tokenizer_path)
   q_cfg = dataclasses.replace(q_model or setup.model, vocab_size=setup.model.vocab_size, head="value")
   q_graphdef, q_params = transformer.create(q_cfg, config.seed + 1)
 
@@ -229,7 +231,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   if rows % loss.num_minibatches:
     raise config_errors.ConfigError(f"{rows} candidate rows per step are not divisible into "
                                     f"LossConfig.num_minibatches={loss.num_minibatches}")
-  policy_opt = common.make_optimizer(optim, config.num_iterations * iterative.improve_steps
+  policy_opt = assembly.make_optimizer(optim, config.num_iterations * iterative.improve_steps
                                      * loss.ppo_epochs * loss.num_minibatches)
   q_opt = optax.adam(iterative.q_learning_rate)
   state = types.ActorCriticState(
@@ -237,53 +239,51 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
       policy_params=params,
       policy_opt_state=policy_opt.init(params), critic_params=q_params,
       critic_opt_state=q_opt.init(q_params), ref_params=_copy(params))
-  ckpt = checkpoint_lib.Checkpointer(workdir)
-  extra = {"iteration": 0}
-  if ckpt.latest_step() is not None:
-    state, extra = ckpt.restore(target=state)
-
   grpo = functools.partial(estimators.get_estimator("grpo"), num_groups=iterative.contexts_per_step)
   update = step_lib.make_update_fn(
       policy_graphdef=setup.graphdef, critic_graphdef=None, policy_optimizer=policy_opt,
       critic_optimizer=None, advantage_fn=pipeline.CreditPipeline(estimator=grpo), loss=loss,
       allowed=setup.allowed, temperature=setup.temperature, max_actions=1)
-  fit_q = make_q_fit_fn(q_graphdef, q_opt, iterative.gamma, iterative.q_loss)
-  build = make_candidate_fn(setup.graphdef, q_graphdef, setup.allowed, setup.temperature,
-                            iterative.candidates, setup.rollout.max_turns, iterative.q_loss)
-  store = store_lib.TrajectoryStore(os.path.join(workdir, "trajectories"))
-  progress = metrics_lib.ProgressBar(total=config.num_iterations, initial=extra["iteration"],
-                                     enabled=jax.process_index() == 0)
-  metrics: dict[str, float] = {}
-  for k in range(extra["iteration"], config.num_iterations):
-    start_time = time.perf_counter()
-    round_key = jax.random.fold_in(base_key, 1000 + k)
-    data, metrics = _deploy(setup, state.policy_params, config, store, k,
-                            jax.random.fold_in(round_key, 0))
-    state, q_metrics = _evaluate_policy(state, fit_q, data, iterative)
+  method = IterativeGRPOMethod(
+      setup=setup, config=config, iterative=iterative, update=update,
+      fit_q=make_q_fit_fn(q_graphdef, q_opt, iterative.gamma, iterative.q_loss),
+      build=make_candidate_fn(setup.graphdef, q_graphdef, setup.allowed, setup.temperature,
+                              iterative.candidates, setup.rollout.max_turns, iterative.q_loss),
+      store=store_lib.TrajectoryStore(os.path.join(workdir, "trajectories")),
+      base_key=jax.random.key(config.seed))
+  return common.drive(workdir, method, state, setup=setup, config=config, warm=warm_start,
+                      evaluation=evaluation, hooks=hooks)
+
+
+class IterativeGRPOMethod(common.PolicyMethod):
+  """One round k as a driver iteration: deploy π_k and log it, fit Q, GRPO against Q."""
+
+  name = "iterative_grpo"
+
+  def __init__(self, *, setup, config, iterative, update, fit_q, build, store, base_key):
+    self._setup, self._config, self._iterative = setup, config, iterative
+    self._update, self._fit_q, self._build, self._store = update, fit_q, build, store
+    self._base_key = base_key
+
+  def iteration(self, state, iteration: int) -> driver.IterationResult:
+    round_key = jax.random.fold_in(self._base_key, 1000 + iteration)
+    data, metrics = _deploy(self._setup, state.policy_params, self._config, self._store,
+                            iteration, jax.random.fold_in(round_key, 0))
+    state, q_metrics = _evaluate_policy(state, self._fit_q, data, self._iterative)
     metrics.update(q_metrics)
-    state, improve_metrics = _improve_policy(state, update, build, data, iterative,
-                                             jax.random.fold_in(round_key, 1))
+    state, improve_metrics = _improve_policy(state, self._update, self._build, data,
+                                             self._iterative, jax.random.fold_in(round_key, 1))
     metrics.update(improve_metrics)
-    metrics["time/iteration_s"] = time.perf_counter() - start_time
-    done = extra["iteration"] = k + 1
-    if k == 0:
-      metrics_lib.write_operative_config(workdir, process_index=jax.process_index())
-    if done % evaluation.every == 0 or done == config.num_iterations:
-      metrics.update(common.evaluate(setup, state.policy_params, evaluation,
-                                     jax.random.fold_in(base_key, done)))
-    writer.write(done, metrics)
-    progress.update(done, {"success": metrics["train/success"], "q_loss": metrics["q/loss"]})
-    if done % config.checkpoint_every == 0 or done == config.num_iterations:
-      ckpt.save(done, state, extra)
-  progress.close()
-  return common.finish("iterative_grpo", setup, state.policy_params, metrics, before, extra["iteration"],
-                       evaluation, base_key, writer)
+    return driver.IterationResult(state, metrics, data)
+
+  def progress(self, metrics) -> dict[str, float]:
+    return {"success": metrics["train/success"], "q_loss": metrics["q/loss"]}
 
 
 def _deploy(setup, params, config, store, k, key):
   """Plays π_k on round k's tasks and logs them as policy version k (reused when already logged)."""
   if 0 not in store.parts(k):
-    seeds, groups = common.task_batch(config, k)
+    seeds, groups = rollouts_lib.task_batch(config, k)
     traj, _, _ = common.collect(setup, params, seeds, groups, key)
     # The rollout's extras (e.g. initial_obs_hash) are derived data the store does not keep.
     store.write(store_lib.replayable(traj), seeds=seeds, policy_version=k)

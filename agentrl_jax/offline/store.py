@@ -25,6 +25,7 @@ import jax
 import numpy as np
 import tensorflow_datasets as tfds
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
 
 DATASET_NAME = "agentrl_trajectories"
@@ -214,7 +215,7 @@ def _stack(rows: list[dict[str, Any]], width: int) -> types.Trajectories:
 
 # Written by the rollout loop under a context-window policy; the learner needs it to score the
 # tokens under the sampler's attention masks (rollout/context.py).
-_CONTEXT_FLOOR_KEY = "context_floor"
+
 
 
 def replayable(traj: types.Trajectories) -> types.Trajectories:
@@ -225,7 +226,7 @@ def replayable(traj: types.Trajectories) -> types.Trajectories:
       are not derived data, and without them a replay would score tokens under a different
       attention mask than they were sampled with.
   """
-  if _CONTEXT_FLOOR_KEY in traj.extras:
+  if extra_keys.FLOOR_KEY in traj.extras:
     raise ValueError("TrajectoryStore: this batch was sampled under a context-window policy "
                      "(extras['context_floor']); the store does not keep floors, so offline "
                      "methods need RolloutConfig.context.policy = 'full'")

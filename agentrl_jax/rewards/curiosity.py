@@ -16,9 +16,9 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
-from agentrl_jax.credit import spans
-from agentrl_jax.learner import pipeline
+from agentrl_jax import trajectory
 
 Array = jax.Array
 
@@ -41,7 +41,7 @@ def duplicate_observations(obs_hash: Array, turn_mask: Array,
   chex.assert_equal_shape([obs_hash, turn_mask])
   turn_mask = turn_mask.astype(bool)
   same = obs_hash[:, :, None] == obs_hash[:, None, :]
-  dup = jnp.any(same & spans.earlier_turn_matrix(turn_mask), axis=2)
+  dup = jnp.any(same & trajectory.earlier_turn_matrix(turn_mask), axis=2)
   if initial_hash is not None:
     chex.assert_shape(initial_hash, obs_hash.shape[:1])
     dup |= obs_hash == jnp.asarray(initial_hash, obs_hash.dtype)[:, None]
@@ -88,7 +88,7 @@ def duplicate_observation_penalty(traj: types.Trajectories, *, penalty: float = 
 
   Reads `obs_hash`, `turn_mask`, `reward`, `success` and, when present,
   `extras["initial_obs_hash"]` (`[B]` int32, the first observation's hash). `outcome` moves by the
-  episode's total penalty (`pipeline.with_turn_rewards`), so trajectory-level estimators see
+  episode's total penalty (`trajectory.with_turn_rewards`), so trajectory-level estimators see
   `R_b = R_ext,b + Σ_k r_int[b, k]`.
 
   Args:
@@ -99,7 +99,7 @@ def duplicate_observation_penalty(traj: types.Trajectories, *, penalty: float = 
       (unrewarded turns) or "always".
   """
   _check_hyperparameters(penalty, max_total, gate)
-  initial = traj.extras.get(spans.INITIAL_OBS_HASH_KEY)
+  initial = traj.extras.get(extra_keys.INITIAL_OBS_HASH_KEY)
   turn_mask = jnp.asarray(traj.turn_mask, bool)
   dup = duplicate_observations(jnp.asarray(traj.obs_hash), turn_mask,
                                None if initial is None else jnp.asarray(initial))
@@ -107,7 +107,7 @@ def duplicate_observation_penalty(traj: types.Trajectories, *, penalty: float = 
   r_int = duplicate_observation_intrinsic_reward(
       dup, reward, turn_mask, jnp.asarray(traj.success), penalty=penalty, max_total=max_total,
       gate=gate)
-  return pipeline.with_turn_rewards(traj, reward + r_int)
+  return trajectory.with_turn_rewards(traj, reward + r_int)
 
 
 def _check_hyperparameters(penalty: float, max_total: float, gate: str) -> None:

@@ -13,16 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
-from agentrl_jax.credit import spans
-from agentrl_jax.learner import pipeline
+from agentrl_jax import trajectory
 
 Array = jax.Array
 
-PROCESS_SCORES_KEY = "process_scores"
-VERIFIER_CHECKS_KEY = "verifier_checks"
-VERIFIERS_PASSED_KEY = "verifiers_passed"
-VERIFIERS_TOTAL_KEY = "verifiers_total"
 
 # B.7: three dimensions named in the SocialRL abstract (goal, relationship, coherence) and three
 # completed in ALGORITHMS.md. The order is the last axis of `extras["process_scores"]`.
@@ -108,12 +104,12 @@ def stage_weighted_process_reward(traj: types.Trajectories, *, process_weight: f
     if len(score_keys) != table.shape[1]:
       raise ValueError(f"stage_weighted_process_reward: {len(score_keys)} score_keys for a "
                        f"{table.shape[1]}-column stage table")
-    columns = [spans.require(traj.extras, key, where="extras", method=method,
+    columns = [trajectory.require(traj.extras, key, where="extras", method=method,
                              meaning="[B, N] per-turn score of one dimension") for key in score_keys]
     scores = jnp.stack(columns, axis=-1)
   else:
     named = f": {DIMENSIONS}" if table.shape[1] == len(DIMENSIONS) else ""
-    scores = spans.require(traj.extras, PROCESS_SCORES_KEY, where="extras", method=method,
+    scores = trajectory.require(traj.extras, extra_keys.PROCESS_SCORES_KEY, where="extras", method=method,
                            meaning=f"[B, N, {table.shape[1]}] per-turn scores, one per column of "
                                    f"stage_weights{named}")
   turn_mask = jnp.asarray(traj.turn_mask, bool)
@@ -121,7 +117,7 @@ def stage_weighted_process_reward(traj: types.Trajectories, *, process_weight: f
   weights = turn_stage_weights(turn_mask, jnp.asarray(table), smooth=smooth)
   process = jnp.sum(weights * scores.astype(jnp.float32), axis=-1)
   reward = jnp.asarray(traj.reward, jnp.float32) + process_weight * process
-  return pipeline.with_turn_rewards(traj, reward)
+  return trajectory.with_turn_rewards(traj, reward)
 
 
 def verifier_count_reward(traj: types.Trajectories, *, normalize: bool = False,
@@ -151,15 +147,15 @@ def verifier_count_reward(traj: types.Trajectories, *, normalize: bool = False,
   """
   method = "verifier_count_reward (T1, B.6)"
   turn_mask = jnp.asarray(traj.turn_mask, bool)
-  last = spans.last_turn(turn_mask)
-  if VERIFIER_CHECKS_KEY not in traj.extras and (VERIFIERS_PASSED_KEY in traj.extras
-                                                  or VERIFIERS_PASSED_KEY in traj.sub_outcomes):
+  last = trajectory.last_turn(turn_mask)
+  if extra_keys.VERIFIER_CHECKS_KEY not in traj.extras and (extra_keys.VERIFIERS_PASSED_KEY in traj.extras
+                                                  or extra_keys.VERIFIERS_PASSED_KEY in traj.sub_outcomes):
     return _verifier_count_from_totals(traj, last, normalize=normalize, success_bonus=success_bonus)
-  if VERIFIER_CHECKS_KEY not in traj.extras and missing_counts_are_zero:
-    return pipeline.with_turn_rewards(traj, jnp.zeros_like(jnp.asarray(traj.reward, jnp.float32)))
-  checks = spans.require(traj.extras, VERIFIER_CHECKS_KEY, where="extras", method=method,
+  if extra_keys.VERIFIER_CHECKS_KEY not in traj.extras and missing_counts_are_zero:
+    return trajectory.with_turn_rewards(traj, jnp.zeros_like(jnp.asarray(traj.reward, jnp.float32)))
+  checks = trajectory.require(traj.extras, extra_keys.VERIFIER_CHECKS_KEY, where="extras", method=method,
                          meaning="[B, J] final or [B, N, J] per-turn pass flags of the verifiers, "
-                                 f"or give sub_outcomes[{VERIFIERS_PASSED_KEY!r}]")
+                                 f"or give sub_outcomes[{extra_keys.VERIFIERS_PASSED_KEY!r}]")
   checks = checks.astype(jnp.float32)
   scale = 1.0 / checks.shape[-1] if normalize else 1.0
   if checks.ndim == 2:
@@ -174,32 +170,32 @@ def verifier_count_reward(traj: types.Trajectories, *, normalize: bool = False,
     reward = jnp.where(turn_mask, (count - previous) * scale, 0.0)
     final = jnp.sum(jnp.where(last, count, 0.0), axis=1)
   else:
-    raise ValueError(f"verifier_count_reward: traj.extras[{VERIFIER_CHECKS_KEY!r}] must be "
+    raise ValueError(f"verifier_count_reward: traj.extras[{extra_keys.VERIFIER_CHECKS_KEY!r}] must be "
                      f"[B, J] or [B, N, J], got shape {list(checks.shape)}")
   all_pass = final >= checks.shape[-1]
   reward = reward + jnp.where(last & all_pass[:, None], success_bonus, 0.0)
-  return pipeline.with_turn_rewards(traj, reward)
+  return trajectory.with_turn_rewards(traj, reward)
 
 
 def _verifier_count_from_totals(traj: types.Trajectories, last: Array, *, normalize: bool,
                                 success_bonus: float) -> types.Trajectories:
   """`verifier_count_reward` from pass counts (per turn in extras, or final in sub_outcomes)."""
   turn_mask = jnp.asarray(traj.turn_mask, bool)
-  if VERIFIERS_PASSED_KEY in traj.extras:
-    count = jnp.where(turn_mask, jnp.asarray(traj.extras[VERIFIERS_PASSED_KEY], jnp.float32), 0.0)
+  if extra_keys.VERIFIERS_PASSED_KEY in traj.extras:
+    count = jnp.where(turn_mask, jnp.asarray(traj.extras[extra_keys.VERIFIERS_PASSED_KEY], jnp.float32), 0.0)
     previous = jnp.concatenate([jnp.zeros_like(count[:, :1]), count[:, :-1]], axis=1)
     gained = jnp.where(turn_mask, count - previous, 0.0)
     passed = jnp.sum(jnp.where(last, count, 0.0), axis=1)
   else:
-    passed = jnp.asarray(traj.sub_outcomes[VERIFIERS_PASSED_KEY], jnp.float32)
+    passed = jnp.asarray(traj.sub_outcomes[extra_keys.VERIFIERS_PASSED_KEY], jnp.float32)
     gained = jnp.where(last, passed[:, None], 0.0)
   total = None
   if normalize or success_bonus:
-    total = spans.require(traj.sub_outcomes, VERIFIERS_TOTAL_KEY, where="sub_outcomes",
+    total = trajectory.require(traj.sub_outcomes, extra_keys.VERIFIERS_TOTAL_KEY, where="sub_outcomes",
                           method="verifier_count_reward (T1, B.6)",
                           meaning="[B] number of verifiers, to normalize or detect all passing")
     total = total.astype(jnp.float32)
   reward = gained / jnp.maximum(total, 1.0)[:, None] if normalize else gained
   if success_bonus:
     reward = reward + jnp.where(last & (passed >= total)[:, None], success_bonus, 0.0)
-  return pipeline.with_turn_rewards(traj, reward)
+  return trajectory.with_turn_rewards(traj, reward)

@@ -29,15 +29,12 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
-from agentrl_jax.credit import spans
-from agentrl_jax.learner import pipeline
+from agentrl_jax import trajectory
 
 Array = jax.Array
 
-SCORE_KEY = "sql_score"
-EXEC_OK_KEY = "sql_exec_ok"
-CORRECT_KEY = "sql_correct"
 
 _CLAUSES = ("select", "from", "where", "group by", "having", "order by", "limit")
 _CLAUSE_RE = re.compile(r"\b(select|from|where|group\s+by|having|order\s+by|limit|union|intersect|except)\b")
@@ -168,7 +165,7 @@ def progress_bonuses(score: Array, exec_ok: Array, correct: Array,
   chex.assert_rank([score, exec_ok, correct, turn_mask], 2)
   chex.assert_equal_shape([score, exec_ok, correct, turn_mask])
   turn_mask = turn_mask.astype(bool)
-  last = spans.last_turn(turn_mask)
+  last = trajectory.last_turn(turn_mask)
   has_turns = jnp.any(turn_mask, axis=1)
   first_score, last_score = score[:, 0], jnp.sum(jnp.where(last, score, 0.0), axis=1)
   r_prog = jnp.where(has_turns, last_score - first_score, 0.0)
@@ -209,15 +206,15 @@ def progressive_sql_reward(traj: types.Trajectories, *, progress_weight: float =
     if not value >= 0:
       raise ValueError(f"progressive_sql_reward: {name} must be >= 0, got {value!r}")
   method, meaning = "progressive_sql_reward (Progress-SQL, B.11)", "[B, N] per turn"
-  score = spans.require(traj.extras, SCORE_KEY, where="extras", method=method,
+  score = trajectory.require(traj.extras, extra_keys.SCORE_KEY, where="extras", method=method,
                         meaning=f"{meaning} float alignment score of that turn's SQL")
-  exec_ok = spans.require(traj.extras, EXEC_OK_KEY, where="extras", method=method,
+  exec_ok = trajectory.require(traj.extras, extra_keys.EXEC_OK_KEY, where="extras", method=method,
                           meaning=f"{meaning} bool, that turn's SQL executes")
-  correct = spans.require(traj.extras, CORRECT_KEY, where="extras", method=method,
+  correct = trajectory.require(traj.extras, extra_keys.CORRECT_KEY, where="extras", method=method,
                           meaning=f"{meaning} bool, that turn's SQL result equals the gold one")
   turn_mask = jnp.asarray(traj.turn_mask, bool)
   r_prog, r_lat, r_exec = progress_bonuses(score.astype(jnp.float32), exec_ok, correct, turn_mask)
   bonus = progress_weight * r_prog + latency_weight * r_lat + execution_weight * r_exec
   reward = jnp.asarray(traj.reward, jnp.float32)
-  reward = reward + jnp.where(spans.last_turn(turn_mask), bonus[:, None], 0.0)
-  return pipeline.with_turn_rewards(traj, reward)
+  reward = reward + jnp.where(trajectory.last_turn(turn_mask), bonus[:, None], 0.0)
+  return trajectory.with_turn_rewards(traj, reward)

@@ -22,16 +22,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-import chex
-import jax
-import jax.numpy as jnp
-
-from agentrl_jax import types
-from agentrl_jax.models import transformer
+from agentrl_jax import config_errors
 
 POLICIES = ("full", "last_k", "truncate_oldest")
-# Where the rollout records each turn's floor, [B, N] float32 token offsets.
-FLOOR_KEY = "context_floor"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +43,7 @@ class ContextConfig:
   max_context_tokens: int = 0
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     if self.policy not in POLICIES:
       raise ValueError(f"ContextConfig.policy must be one of {POLICIES}, got {self.policy!r}")
     if self.history_turns < 0:
@@ -87,30 +81,3 @@ def turn_floor(config: ContextConfig, turn_open: Sequence[int], context_end: int
   return 0
 
 
-def floor_per_token(turn_of_token: jax.Array, context_floor: jax.Array) -> jax.Array:
-  """[B, L] int32 context floor of every token, to pass as `transformer.Positions.floor`.
-
-  floor[b, l] = context_floor[b, turn_of_token[b, l]]; padding (turn −1) gets 0.
-
-  Args:
-    turn_of_token: [B, L] int32 turn of each token, −1 for padding.
-    context_floor: [B, N] per-turn floors as the rollout records them (`traj.extras
-      ['context_floor']`, float32 token offsets).
-  """
-  chex.assert_rank([turn_of_token, context_floor], 2)
-  safe = jnp.clip(turn_of_token, 0, context_floor.shape[1] - 1)
-  floor = jnp.take_along_axis(jnp.asarray(context_floor), safe, axis=1)
-  return jnp.where(turn_of_token >= 0, floor, 0).astype(jnp.int32)
-
-
-def trajectory_positions(traj: types.Trajectories) -> transformer.Positions:
-  """Positions for a full forward pass over a batch, with its context floors if it has them.
-
-  What the learner passes to the policy (and critic) so it scores the tokens under the same
-  attention masks the sampler used; batches without `extras['context_floor']` ('full') get no
-  floor.
-  """
-  positions = transformer.positions_from_turns(traj.turn_of_token)
-  if FLOOR_KEY in traj.extras:
-    positions = positions.replace(floor=floor_per_token(traj.turn_of_token, traj.extras[FLOOR_KEY]))
-  return positions

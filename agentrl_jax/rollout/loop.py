@@ -22,6 +22,8 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
+from agentrl_jax import config_errors
+from agentrl_jax import extra_keys
 from agentrl_jax import types
 from agentrl_jax.envs import base as envs_base
 from agentrl_jax.models import tokenizer as tokenizer_lib
@@ -67,6 +69,7 @@ class RolloutConfig:
   cache_windows: tuple[int, ...] = ()
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     if self.max_turns <= 0 or self.max_len <= 0:
       raise ValueError(f"RolloutConfig: max_turns and max_len must be positive, got "
                        f"{self.max_turns}, {self.max_len}")
@@ -172,22 +175,12 @@ def record_step_info(traj: types.Trajectories, info: dict, row: int, turn: int) 
     traj.extras[key][row, turn] = value
 
 
-# `traj.extras[THINK_FORCED_KEY]` [B, N] float32: close tokens the thinking intervention forced in
-# each turn (present only with `SamplingConfig.thinking`). The forced tokens themselves are the
-# tokens of the action span [turn_start, turn_end) with `action_mask` False.
-THINK_FORCED_KEY = "think_forced"
-
-# `traj.extras[ROUTING_KEY]` [B, L, layers, k] int32: the experts each token was routed to when
-# the sampler fed it to a mixture-of-experts policy; the learner replays them.
-ROUTING_KEY = "routing"
-
-
 def trim_tokens(traj: types.Trajectories, length: int) -> types.Trajectories:
   """Drops token columns from `length` on (they must be padding)."""
   cut = lambda x: x[:, :length]
   extras = dict(traj.extras)
-  if ROUTING_KEY in extras:
-    extras[ROUTING_KEY] = cut(extras[ROUTING_KEY])
+  if extra_keys.ROUTING_KEY in extras:
+    extras[extra_keys.ROUTING_KEY] = cut(extras[extra_keys.ROUTING_KEY])
   return traj.replace(tokens=cut(traj.tokens), action_mask=cut(traj.action_mask),
                       turn_of_token=cut(traj.turn_of_token), sample_logprob=cut(traj.sample_logprob),
                       extras=extras)
@@ -262,10 +255,10 @@ class RolloutRunner:
     traj.group_id[:] = np.asarray(group_ids, np.int32)
     stats = RolloutStats(episodes=b)
     observations: list[str | None] = [None] * b
-    traj.extras["initial_obs_hash"] = np.zeros((b,), np.int32)
+    traj.extras[extra_keys.INITIAL_OBS_HASH_KEY] = np.zeros((b,), np.int32)
     for i, (env, seed) in enumerate(zip(envs, seeds)):
       observations[i] = env.reset(int(seed))
-      traj.extras["initial_obs_hash"][i] = envs_base.observation_hash(observations[i])
+      traj.extras[extra_keys.INITIAL_OBS_HASH_KEY][i] = envs_base.observation_hash(observations[i])
     active = np.ones(b, bool)
     cursor = np.zeros(b, np.int32)
     row_ids = np.arange(b, dtype=np.int32) if row_ids is None else np.asarray(row_ids, np.int32)
@@ -277,7 +270,7 @@ class RolloutRunner:
     turn_open = np.zeros((b, cfg.max_turns), np.int32)  # where each turn's observation starts
     spent = np.zeros(b, np.int32)  # action tokens sampled so far
     if cfg.context.masks:
-      traj.extras[context_lib.FLOOR_KEY] = np.zeros((b, cfg.max_turns), np.float32)
+      traj.extras[extra_keys.FLOOR_KEY] = np.zeros((b, cfg.max_turns), np.float32)
     for turn in range(cfg.max_turns):
       turn_open[:, turn] = cursor
       chunks = self._append_observations(traj, observations, active, cursor, turn, stats)
@@ -337,7 +330,7 @@ class RolloutRunner:
     for i in np.flatnonzero(active):
       floor[i] = context_lib.turn_floor(self.config.context, turn_open[i, :turn + 1],
                                         int(cursor[i] + budget[i]))
-    traj.extras[context_lib.FLOOR_KEY][:, turn] = floor
+    traj.extras[extra_keys.FLOOR_KEY][:, turn] = floor
     return floor
 
   def _policy_actions(self, params, cache, chunks, active, turn, key, row_ids, *, floor=None,
@@ -345,7 +338,7 @@ class RolloutRunner:
     """Samples this turn's actions; `history` [B] is each row's cache length before its chunk.
 
     With a mixture-of-experts policy and `traj`, the chunk's and the sampled tokens' experts
-    are written to `traj.extras[ROUTING_KEY]` (tokens a stop string cuts later sit past the
+    are written to `traj.extras[extra_keys.ROUTING_KEY]` (tokens a stop string cuts later sit past the
     kept action, where the next chunk overwrites them or padding ignores them).
     """
     width = _bucket(max(len(c) for c in chunks), self.config.obs_buckets)
@@ -371,9 +364,9 @@ class RolloutRunner:
     return actions, out.cache
 
   def _record_routing(self, traj, chunks, history, num, obs_routing, routing):
-    if ROUTING_KEY not in traj.extras:
-      traj.extras[ROUTING_KEY] = np.zeros(traj.tokens.shape + routing.shape[2:], np.int32)
-    table = traj.extras[ROUTING_KEY]
+    if extra_keys.ROUTING_KEY not in traj.extras:
+      traj.extras[extra_keys.ROUTING_KEY] = np.zeros(traj.tokens.shape + routing.shape[2:], np.int32)
+    table = traj.extras[extra_keys.ROUTING_KEY]
     for i, ids in enumerate(chunks):
       if not ids:
         continue
@@ -429,8 +422,8 @@ class RolloutRunner:
 
   def _write_actions(self, traj, actions, active, cursor, turn, stats):
     thinking = self.config.sampling.thinking is not None
-    if thinking and THINK_FORCED_KEY not in traj.extras:
-      traj.extras[THINK_FORCED_KEY] = np.zeros(traj.reward.shape, np.float32)
+    if thinking and extra_keys.THINK_FORCED_KEY not in traj.extras:
+      traj.extras[extra_keys.THINK_FORCED_KEY] = np.zeros(traj.reward.shape, np.float32)
     for i in np.flatnonzero(active):
       ids, logps, forced = actions[i]
       n = len(ids)
@@ -438,7 +431,7 @@ class RolloutRunner:
       # A forced token was written, not sampled: it is context for the learner, never a sample.
       traj.action_mask[i, cursor[i]:cursor[i] + n] = ~np.asarray(forced, bool)
       if thinking:
-        traj.extras[THINK_FORCED_KEY][i, turn] = float(np.sum(forced))
+        traj.extras[extra_keys.THINK_FORCED_KEY][i, turn] = float(np.sum(forced))
       traj.turn_of_token[i, cursor[i]:cursor[i] + n] = turn
       traj.sample_logprob[i, cursor[i]:cursor[i] + n] = logps
       traj.turn_start[i, turn] = cursor[i]

@@ -23,6 +23,8 @@ import flax.struct
 import jax.numpy as jnp
 from flax import nnx
 
+from agentrl_jax import config_errors
+from agentrl_jax.models import distribution
 from agentrl_jax.models import transformer
 
 
@@ -67,6 +69,7 @@ class ThinkingConfig:
   start_thinking: bool = False
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     if self.open_token_id < 0 or self.close_token_id < 0:
       raise ValueError(f"ThinkingConfig token ids must be >= 0, got open={self.open_token_id}, "
                        f"close={self.close_token_id}")
@@ -120,6 +123,7 @@ class SamplingConfig:
   thinking: ThinkingConfig | None = None
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     if self.temperature < 0:
       raise ValueError(f"SamplingConfig.temperature must be >= 0, got {self.temperature}")
     if self.top_k < 0:
@@ -147,30 +151,6 @@ class SamplingConfig:
         # The one token would be a thought or a forced close: the env could never see an action.
         raise ValueError(f"SamplingConfig.thinking.start_thinking needs max_action_tokens >= 2, got "
                          f"{self.max_action_tokens}")
-
-
-def vocabulary_mask(vocab_size: int, allowed_token_ids: tuple[int, ...] | None) -> jax.Array | None:
-  """[V] bool mask of samplable tokens, or None when every token is allowed."""
-  if allowed_token_ids is None:
-    return None
-  bad = [t for t in allowed_token_ids if not 0 <= t < vocab_size]
-  if bad:
-    raise ValueError(f"allowed_token_ids {bad} are outside the vocabulary [0, {vocab_size})")
-  return jnp.zeros((vocab_size,), bool).at[jnp.asarray(allowed_token_ids)].set(True)
-
-
-def policy_log_probs(logits: jax.Array, allowed: jax.Array | None, temperature: float = 1.0) -> jax.Array:
-  """Log-probabilities of the policy's action distribution [..., V].
-
-  The single definition of the policy shared by the sampler and the learner (TITO): the same
-  vocabulary restriction and temperature on both sides.
-  """
-  logits = logits.astype(jnp.float32)
-  if temperature > 0:
-    logits = logits / temperature
-  if allowed is not None:
-    logits = jnp.where(allowed, logits, -1e30)
-  return jax.nn.log_softmax(logits, axis=-1)
 
 
 class TurnSample(NamedTuple):
@@ -378,7 +358,7 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
   if window is not None and window < cache.capacity:
     cache = cache.replace(k=cache.k[..., :window, :], v=cache.v[..., :window, :])
   cache = cache.unstacked()  # per-layer buffers through the turn, stacked again at its end
-  allowed = vocabulary_mask(vocab_size, config.allowed_token_ids)
+  allowed = distribution.vocabulary_mask(vocab_size, config.allowed_token_ids)
   b, t = obs_tokens.shape
   keys = row_keys(rng, jnp.arange(b, dtype=jnp.int32) if row_ids is None else row_ids)
   obs_len = jnp.where(active, obs_len, 0)
@@ -397,7 +377,7 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
 
   def decode_step(carry, step):
     cache, logits, finished, slot, think = carry
-    logp = policy_log_probs(logits, allowed, config.temperature if config.temperature > 0 else 1.0)
+    logp = distribution.policy_log_probs(logits, allowed, config.temperature if config.temperature > 0 else 1.0)
     token = _draw(jax.vmap(lambda k: jax.random.fold_in(k, step))(keys), logp, config)
     token_logp = jnp.take_along_axis(logp, token[:, None], axis=1)[:, 0]
     emit = ~finished

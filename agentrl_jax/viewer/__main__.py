@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import inspect
 import os
 import sys
@@ -28,13 +27,12 @@ import jax.numpy as jnp
 
 from agentrl_jax import config_errors
 from agentrl_jax import types
-from agentrl_jax.advantages import estimators
 from agentrl_jax.envs import registry
+from agentrl_jax.learner import assembly
 from agentrl_jax.learner import checkpoint as checkpoint_lib
 from agentrl_jax.learner import evaluate as evaluate_lib
 from agentrl_jax.learner import learner
 from agentrl_jax.learner import metrics as metrics_lib
-from agentrl_jax.learner import pipeline
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer
 from agentrl_jax.rollout import loop as loop_lib
@@ -85,12 +83,6 @@ class _Run:
   run_pipeline: Any
 
 
-def _restricted_sampling(sampling, env, tokenizer):
-  # As in learner.train: one token per action, from the env's action words.
-  ids = tuple(tokenizer.single_token_id(word) for word in env.action_words)
-  return dataclasses.replace(sampling, allowed_token_ids=ids, max_action_tokens=1)
-
-
 def _state_template(arguments: dict[str, Any], model, tokenizer):
   """The policy graphdef and an `ActorCriticState` shaped as `learner.train` builds it."""
   config, loss = arguments["config"], arguments["loss"]
@@ -101,8 +93,8 @@ def _state_template(arguments: dict[str, Any], model, tokenizer):
                                      vocab_size=tokenizer.vocab_size, head="value")
     critic_params = transformer.create(critic_cfg, config.seed + 1)[1]
   # Only the optimizer states' structure matters for the restore target, not the schedule.
-  policy_opt = learner.make_optimizer(arguments["optim"], 1)
-  critic_opt = learner.make_optimizer(arguments["critic_optim"], 1)
+  policy_opt = assembly.make_optimizer(arguments["optim"], 1)
+  critic_opt = assembly.make_optimizer(arguments["critic_optim"], 1)
   template = types.ActorCriticState(
       step=jnp.zeros((), jnp.int32), rng=jax.random.key_data(jax.random.key(config.seed)),
       policy_params=policy_params,
@@ -134,12 +126,9 @@ def restore_run(workdir: str, arguments: dict[str, Any]) -> _Run:
   if config.restrict_to_action_words:
     env = registry.make(config.env_name, **config.env_kwargs)
     rollout = dataclasses.replace(
-        rollout, sampling=_restricted_sampling(rollout.sampling, env, tokenizer))
-  estimator = estimators.get_estimator(config.estimator)
-  run_pipeline = pipeline.CreditPipeline(
-      estimator=functools.partial(estimator, **dict(config.estimator_kwargs)),
-      reward_shapers=tuple(arguments.get("reward_shapers") or ()),
-      corrections=tuple(arguments.get("corrections") or ()))
+        rollout, sampling=assembly.restricted_sampling(rollout.sampling, env, tokenizer))
+  run_pipeline = assembly.credit_pipeline(config, arguments.get("reward_shapers") or (),
+                                          arguments.get("corrections") or ())
   return _Run(tokenizer=tokenizer, model=model, rollout=rollout, config=config,
               evaluation=arguments["evaluation"], graphdef=graphdef, state=state,
               iteration=int(extra.get("iteration", step)), run_pipeline=run_pipeline)

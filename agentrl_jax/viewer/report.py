@@ -28,9 +28,11 @@ import jax
 import numpy as np
 from etils import epath
 
+from agentrl_jax import config_errors
 from agentrl_jax import files
 from agentrl_jax import types
 from agentrl_jax.advantages import estimators
+from agentrl_jax.learner import hooks
 from agentrl_jax.learner import metrics as metrics_lib
 
 VIEWER_DIR = "viewer"
@@ -64,6 +66,7 @@ class ViewerConfig:
   pipelines: Mapping[str, Pipeline] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     if self.num_examples < 1:
       raise ValueError(f"ViewerConfig.num_examples must be >= 1, got {self.num_examples!r}")
     for name in self.estimators:
@@ -71,6 +74,24 @@ class ViewerConfig:
     clash = sorted(set(self.estimators) & set(self.pipelines))
     if clash:
       raise ValueError(f"ViewerConfig: pipeline name(s) {clash} also listed in estimators")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CreditReport:
+  """Learner hook: the credit report of the iteration's batch at every held-out evaluation.
+
+  The run's own pipeline comes first (when it needs no critic), then the viewer's.
+  """
+
+  config: ViewerConfig = ViewerConfig()
+
+  def __call__(self, event: hooks.IterationEnd) -> None:
+    if not event.evaluating:
+      return
+    own = {} if event.pipeline is None else {f"run: {event.pipeline[0]}": event.pipeline[1]}
+    write_report(event.workdir, event.iteration, event.traj, event.tokenizer,
+                 make_pipelines(self.config, extra=own), num_examples=self.config.num_examples,
+                 env_name=event.env_name, metrics=event.metrics, writer=event.writer)
 
 
 def make_pipelines(config: ViewerConfig,

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
 from agentrl_jax.advantages import estimators
 from agentrl_jax.advantages import gae as gae_lib
@@ -164,7 +165,7 @@ def test_gigpo_estimator_uses_initial_obs_hash_and_turn_kernel():
   traj = make_trajectories(TURNS, REWARDS, [0, 0, 1, 1])
   traj.obs_hash[:] = [[5, 9, 0], [5, 7, 9], [4, 0, 0], [5, 4, 0]]
   initial = np.array([1, 2, 3, 3], np.int32)
-  traj = traj.replace(extras={step.INITIAL_OBS_HASH_KEY: initial})
+  traj = traj.replace(extras={extra_keys.INITIAL_OBS_HASH_KEY: initial})
   out = JIT["gigpo"](traj, None, discount=0.5)
   want = jax.jit(step.gigpo_advantages)(traj.outcome, traj.reward, step.anchor_hashes(traj.obs_hash, initial),
                                traj.turn_mask, traj.group_id, discount=0.5).advantages
@@ -209,8 +210,8 @@ def test_anchor_key_replaces_the_observation_anchors(name):
   initial = np.array([1, 2, 3, 3], np.int32)
   anchors = np.asarray(step.anchor_hashes(traj.obs_hash, initial))
   # The same anchors given as a key reproduce the hash-based result exactly...
-  keyed = traj.replace(extras={step.INITIAL_OBS_HASH_KEY: initial, "anchor_state_key": anchors})
-  plain = traj.replace(extras={step.INITIAL_OBS_HASH_KEY: initial})
+  keyed = traj.replace(extras={extra_keys.INITIAL_OBS_HASH_KEY: initial, "anchor_state_key": anchors})
+  plain = traj.replace(extras={extra_keys.INITIAL_OBS_HASH_KEY: initial})
   by_key = jax.jit(functools.partial(estimators.ESTIMATORS[name], anchor_key="anchor_state_key"))
   np.testing.assert_array_equal(by_key(keyed, None).advantages, JIT[name](plain, None).advantages)
   # ...and a key that merges every state of a group into one anchor changes the step credit.

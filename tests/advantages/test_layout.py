@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
 from agentrl_jax.advantages import estimators
 from agentrl_jax.advantages import layout
-from agentrl_jax.advantages import step
 
 FLATTEN = jax.jit(layout.flatten_to_steps, static_argnames=("history_turns", "row_length"))
 UNFLATTEN = jax.jit(layout.steps_to_flatten, static_argnames=("max_turns", "max_len"))
@@ -47,7 +47,7 @@ def build(turns, length, max_turns, seed=0):
   traj.group_id[:] = np.arange(b) // 2
   traj = traj.replace(
       sub_outcomes={"format": rng.rand(b).astype(np.float32)},
-      extras={step.INITIAL_OBS_HASH_KEY: rng.randint(0, 2, b).astype(np.int32),
+      extras={extra_keys.INITIAL_OBS_HASH_KEY: rng.randint(0, 2, b).astype(np.int32),
               "prefix_embedding": rng.randn(b, max_turns, 3).astype(np.float32)})
   traj.validate()
   return traj

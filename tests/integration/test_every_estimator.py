@@ -29,7 +29,7 @@ def test_estimator_trains_from_gin(name, tmp_path):
       "configs.WarmStartConfig.iterations = 0",
       "configs.EvalConfig.num_tasks = 2",
       "configs.EvalConfig.pass_k = 0",
-      "learner.train.viewer = None",
+      "learner.train.hooks = []",
   ]
   workdir = tmp_path / name
   argv = [f"--gin_file={REPO / 'experiments/configs/quickstart.gin'}", f"--workdir={workdir}"]

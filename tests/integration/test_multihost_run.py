@@ -31,7 +31,7 @@ from agentrl_jax.learner import configs
 from agentrl_jax.learner import learner
 from agentrl_jax.parallel import mesh
 learner.train.mesh = @mesh.MeshConfig()
-learner.train.viewer = None
+learner.train.hooks = []
 mesh.MeshConfig.data = 8
 configs.TrainConfig.num_iterations = {num_iterations}
 configs.TrainConfig.tasks_per_iteration = 2

@@ -11,6 +11,7 @@ import pytest
 from agentrl_jax import types
 from agentrl_jax.advantages import estimators
 from agentrl_jax.learner import step as step_lib
+from agentrl_jax.models import distribution
 from agentrl_jax.models import transformer as tfm
 
 V, B, L, N = 12, 4, 10, 3
@@ -55,7 +56,7 @@ def _leaves(params):
 
 def test_action_view_lists_action_tokens_in_order():
   mask = jnp.asarray([[0, 1, 0, 1, 1, 0], [1, 0, 0, 0, 0, 0]], bool)
-  view = step_lib.action_view(mask, 3)
+  view = distribution.action_view(mask, 3)
   np.testing.assert_array_equal(view.index[0], [1, 3, 4])
   np.testing.assert_array_equal(view.valid, [[1, 1, 1], [1, 0, 0]])
   x = jnp.arange(12.0).reshape(2, 6)

@@ -7,6 +7,7 @@ from agentrl_jax.envs import registry
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer
 from agentrl_jax.offline import ahead
+from agentrl_jax.rollout.strategies import teacher as teacher_lib
 from agentrl_jax.rollout import loop as loop_lib
 
 
@@ -20,7 +21,7 @@ class _CountingHints:
 
 
 def _env(hints):
-  return ahead.RecordingEnv(registry.make("frozenlake", size=4, hole_prob=0.0, max_turns=6), hints)
+  return teacher_lib.RecordingEnv(registry.make("frozenlake", size=4, hole_prob=0.0, max_turns=6), hints)
 
 
 def test_hint_path_is_taken_only_on_error_steps():
@@ -54,7 +55,7 @@ def test_teacher_inputs_carry_feedback_always_and_hints_only_on_error_turns():
 
   traj, _ = runner.collect(envs, [0, 1, 2], [0, 1, 2], actor=actor,
                            actor_rng=np.random.default_rng(0))
-  out = ahead.teacher_inputs(traj, [e.records for e in envs], tok.encode, tok.act_id, 200)
+  out = teacher_lib.teacher_inputs(traj, [e.records for e in envs], tok.encode, tok.act_id, 200)
   for i, env in enumerate(envs):
     # The teacher scores exactly the student's action tokens, in the same order.
     np.testing.assert_array_equal(out.tokens[i][out.action_mask[i]],
@@ -98,7 +99,7 @@ def test_teacher_without_privileged_text_scores_like_the_student():
   envs = [_env(_CountingHints()) for _ in range(2)]
   traj, _ = setup.runner.collect(envs, [0, 1], [0, 1], actor=lambda env, rng: "right",
                                  actor_rng=np.random.default_rng(0))
-  out = ahead.teacher_inputs(traj, [e.records for e in envs], lambda text: [], setup.tokenizer.act_id,
+  out = teacher_lib.teacher_inputs(traj, [e.records for e in envs], lambda text: [], setup.tokenizer.act_id,
                              200, pad_to=traj.max_len)
   np.testing.assert_array_equal(out.tokens, traj.tokens)
   student_marker = np.full(traj.tokens.shape, -9.0, np.float32)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
 from agentrl_jax.advantages import step as step_lib
 from agentrl_jax.envs import base as envs_base
@@ -173,7 +174,7 @@ def test_key_grouped_gigpo_merges_structurally_equivalent_states():
   traj = _rooms_batch(["a", "b"])
   kitchen, garage = "You are in the Kitchen with 3 apples.", "You are in the Garage with 17 apples."
   assert experience.structural_key(kitchen) == experience.structural_key(garage)
-  np.testing.assert_array_equal(traj.extras[experience.STATE_KEY][:, 0],
+  np.testing.assert_array_equal(traj.extras[extra_keys.STATE_KEY][:, 0],
                                 [experience.key_id(experience.structural_key(kitchen))] * 2)
   assert traj.obs_hash[0, 0] != traj.obs_hash[1, 0]
   shaped = experience.use_state_key_as_obs_hash(jax.tree.map(jnp.asarray, traj))
@@ -258,8 +259,8 @@ def _slea_train(workdir, shapers):
                                      length_buckets=(288, 448)),
       warm_start=configs.WarmStartConfig(iterations=0),
       evaluation=configs.EvalConfig(every=1, num_tasks=2, pass_k=0),
-      reward_shapers=[experience.LibraryCheckpoint("test_resume"), *shapers,
-                      experience.use_state_key_as_obs_hash])
+      reward_shapers=[*shapers, experience.use_state_key_as_obs_hash],
+      hooks=[experience.LibraryCheckpoint("test_resume")])
 
 
 def _last_row(workdir):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from agentrl_jax.envs import registry
-from agentrl_jax.learner import step as step_lib
+from agentrl_jax.models import distribution
 from agentrl_jax.models import transformer as tfm
 from agentrl_jax.rollout import context
 from agentrl_jax.rollout import loop as loop_lib
@@ -33,7 +33,7 @@ def test_floor_per_token_hand_checked():
   context_floor = jnp.asarray([[0, 0, 2], [0, 1, 0]], jnp.float32)
   expected = [[0, 0, 0, 0, 0, 2, 2, 0],   # padding (−1) gets 0
               [0, 1, 1, 1, 1, 1, 1, 1]]
-  out = jax.jit(context.floor_per_token)(turn_of_token, context_floor)
+  out = jax.jit(distribution.floor_per_token)(turn_of_token, context_floor)
   assert out.dtype == jnp.int32
   np.testing.assert_array_equal(out, expected)
 
@@ -85,12 +85,12 @@ def _collect(tok, model, ctx):
 def _replayed_log_probs(model, traj, floor):
   _, graphdef, params = model
   device = jax.tree.map(jnp.asarray, traj)
-  pos = context.trajectory_positions(device)
+  pos = distribution.trajectory_positions(device)
   assert (pos.floor is not None) == ("context_floor" in traj.extras)
   if not floor:
     pos = tfm.positions_from_turns(device.turn_of_token)
-  view = step_lib.action_view(jnp.asarray(traj.action_mask), 16)
-  logp, _ = step_lib.action_log_probs(graphdef, params, jnp.asarray(traj.tokens), pos, view, None, 1.0)
+  view = distribution.action_view(jnp.asarray(traj.action_mask), 16)
+  logp, _ = distribution.action_log_probs(graphdef, params, jnp.asarray(traj.tokens), pos, view, None, 1.0)
   out = np.zeros(traj.tokens.shape, np.float32)
   out[np.arange(out.shape[0])[:, None], np.asarray(view.index)] = np.where(view.valid, logp, 0.0)
   return out

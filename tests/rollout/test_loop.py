@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from agentrl_jax.envs import registry
-from agentrl_jax.learner import step as step_lib
+from agentrl_jax.models import distribution
 from agentrl_jax.models import transformer as tfm
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
@@ -30,8 +30,8 @@ def _replayed_log_probs(model, traj, allowed, max_actions):
   """The learner's full-sequence log-probs of the recorded tokens, scattered back to [B, L]."""
   _, graphdef, params = model
   tokens = jnp.asarray(traj.tokens)
-  view = step_lib.action_view(jnp.asarray(traj.action_mask), max_actions)
-  logp, _ = step_lib.action_log_probs(graphdef, params, tokens,
+  view = distribution.action_view(jnp.asarray(traj.action_mask), max_actions)
+  logp, _ = distribution.action_log_probs(graphdef, params, tokens,
                                       tfm.positions_from_turns(jnp.asarray(traj.turn_of_token)),
                                       view, allowed, 1.0)
   out = np.zeros(traj.tokens.shape, np.float32)
@@ -45,7 +45,7 @@ def test_sampled_logprobs_match_a_full_forward_pass_restricted(tok, model):
   sampling = sampler_lib.SamplingConfig(max_action_tokens=1, allowed_token_ids=ids)
   traj, stats = _collect(_runner(tok, model, sampling), model[2])
   traj.validate()
-  allowed = sampler_lib.vocabulary_mask(tok.vocab_size, ids)
+  allowed = distribution.vocabulary_mask(tok.vocab_size, ids)
   replay = _replayed_log_probs(model, traj, allowed, 10)
   mask = traj.action_mask
   assert mask.sum() == stats.turns

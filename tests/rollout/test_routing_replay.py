@@ -8,13 +8,14 @@ import numpy as np
 import optax
 import pytest
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
 from agentrl_jax.advantages import estimators
 from agentrl_jax.envs import registry
 from agentrl_jax.learner import step as step_lib
+from agentrl_jax.models import distribution
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer as tfm
-from agentrl_jax.rollout import context as context_lib
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
 
@@ -37,9 +38,9 @@ def played():
 
 
 def _learner_log_probs(graphdef, params, traj, routing):
-  view = step_lib.action_view(jnp.asarray(traj.action_mask), MAX_ACTIONS)
-  logp, _ = step_lib.action_log_probs(graphdef, params, jnp.asarray(traj.tokens),
-                                      context_lib.trajectory_positions(traj), view, None, 1.0,
+  view = distribution.action_view(jnp.asarray(traj.action_mask), MAX_ACTIONS)
+  logp, _ = distribution.action_log_probs(graphdef, params, jnp.asarray(traj.tokens),
+                                      distribution.trajectory_positions(traj), view, None, 1.0,
                                       None if routing is None else jnp.asarray(routing))
   return np.asarray(logp)[np.asarray(view.valid)], np.asarray(view.gather(traj.sample_logprob))[
       np.asarray(view.valid)]
@@ -47,7 +48,7 @@ def _learner_log_probs(graphdef, params, traj, routing):
 
 def test_the_sampler_records_every_token_routing(played):
   cfg, _, _, traj = played
-  routing = traj.extras[loop_lib.ROUTING_KEY]
+  routing = traj.extras[extra_keys.ROUTING_KEY]
   assert routing.shape == traj.tokens.shape + (cfg.num_layers, cfg.experts_per_token)
   used = traj.turn_of_token >= 0
   assert routing[used].min() >= 0 and routing[used].max() < cfg.num_experts
@@ -57,13 +58,13 @@ def test_the_sampler_records_every_token_routing(played):
 
 def test_replayed_routing_gives_the_sampled_log_probs(played):
   _, graphdef, params, traj = played
-  got, sampled = _learner_log_probs(graphdef, params, traj, traj.extras[loop_lib.ROUTING_KEY])
+  got, sampled = _learner_log_probs(graphdef, params, traj, traj.extras[extra_keys.ROUTING_KEY])
   np.testing.assert_allclose(got, sampled, atol=1e-5)
 
 
 def test_the_learner_really_reads_the_replayed_experts(played):
   cfg, graphdef, params, traj = played
-  shifted = (traj.extras[loop_lib.ROUTING_KEY] + 1) % cfg.num_experts
+  shifted = (traj.extras[extra_keys.ROUTING_KEY] + 1) % cfg.num_experts
   got, sampled = _learner_log_probs(graphdef, params, traj, shifted)
   assert np.abs(got - sampled).max() > 1e-3
 
@@ -97,4 +98,4 @@ def test_a_dense_policy_records_no_routing():
   runner = loop_lib.RolloutRunner(graphdef, cfg, tok, rollout)
   traj, _ = runner.collect([registry.make("frozenlake")], [0], [0], params=params,
                            rng=jax.random.key(0))
-  assert loop_lib.ROUTING_KEY not in traj.extras
+  assert extra_keys.ROUTING_KEY not in traj.extras

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agentrl_jax.models import distribution
 from agentrl_jax.models import transformer as tfm
 from agentrl_jax.rollout import sampler as sampler_lib
 
@@ -31,7 +32,7 @@ def _nucleus_reference(logits, temperature, top_k, top_p):
 
 def _draws(logits, **config):
   config = sampler_lib.SamplingConfig(**config)
-  logp = sampler_lib.policy_log_probs(jnp.asarray(logits)[None], None, config.temperature)
+  logp = distribution.policy_log_probs(jnp.asarray(logits)[None], None, config.temperature)
   keys = jax.random.split(jax.random.key(0), NUM_KEYS)
   draw = jax.jit(lambda k: sampler_lib._draw(k, jnp.broadcast_to(logp, (NUM_KEYS, logp.shape[1])), config))
   return np.asarray(draw(keys))
@@ -62,7 +63,7 @@ def test_top_p_one_draws_what_plain_categorical_draws():
   # top_p = 1 must not touch the distribution: in float32 the cumulative mass can reach 1 before
   # the tail, and a filter would then drop tail tokens. Very peaked logits make the tail tiny.
   logits = np.concatenate([[30.0], np.random.default_rng(2).normal(0, 1, 63)]).astype(np.float32)
-  logp = sampler_lib.policy_log_probs(jnp.asarray(logits)[None], None, 1.0)
+  logp = distribution.policy_log_probs(jnp.asarray(logits)[None], None, 1.0)
   keys = jax.random.split(jax.random.key(0), NUM_KEYS)
   plain = jax.vmap(jax.random.categorical)(keys, jnp.broadcast_to(logp, (NUM_KEYS, 64)))
   np.testing.assert_array_equal(_draws(logits, top_p=1.0), plain)

@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agentrl_jax import extra_keys
 from agentrl_jax.envs import registry
-from agentrl_jax.learner import step as step_lib
+from agentrl_jax.models import distribution
 from agentrl_jax.models import transformer as tfm
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
@@ -35,9 +36,9 @@ def _collect(tok, model, sampling, n=4, key=0):
 def _replayed_log_probs(model, traj, sampling):
   """The learner's full-sequence log-probs of the action tokens, scattered back to [B, L]."""
   _, graphdef, params = model
-  allowed = sampler_lib.vocabulary_mask(model[0].vocab_size, sampling.allowed_token_ids)
-  view = step_lib.action_view(jnp.asarray(traj.action_mask), traj.max_len)
-  logp, _ = step_lib.action_log_probs(graphdef, params, jnp.asarray(traj.tokens),
+  allowed = distribution.vocabulary_mask(model[0].vocab_size, sampling.allowed_token_ids)
+  view = distribution.action_view(jnp.asarray(traj.action_mask), traj.max_len)
+  logp, _ = distribution.action_log_probs(graphdef, params, jnp.asarray(traj.tokens),
                                       tfm.positions_from_turns(jnp.asarray(traj.turn_of_token)),
                                       view, allowed, 1.0)
   out = np.zeros(traj.tokens.shape, np.float32)
@@ -185,7 +186,7 @@ def test_stalled_thinking_closes_exactly_at_min_tokens_and_keeps_tito(tok, model
   closes, forced_per_turn = _walk_blocks(traj, thinking)
   forced_at = [j for j, forced in closes if forced]
   assert forced_at and set(forced_at) == {3}
-  np.testing.assert_array_equal(traj.extras[loop_lib.THINK_FORCED_KEY], forced_per_turn)
+  np.testing.assert_array_equal(traj.extras[extra_keys.THINK_FORCED_KEY], forced_per_turn)
   forced = _in_action_span(traj) & ~traj.action_mask
   assert forced.sum() == len(forced_at) and (traj.tokens[forced] == tok.eos_id).all()
   assert (traj.sample_logprob[forced] == 0).all()
@@ -228,8 +229,8 @@ def test_thinking_that_never_opens_samples_as_without_it(tok, model):
   on = _collect(tok, model, dataclasses.replace(plain, thinking=_thinking(tok)), key=4)
   for name in ("tokens", "action_mask", "sample_logprob", "turn_start", "turn_end", "reward"):
     np.testing.assert_array_equal(getattr(on, name), getattr(off, name), err_msg=name)
-  assert loop_lib.THINK_FORCED_KEY not in off.extras
-  assert not on.extras[loop_lib.THINK_FORCED_KEY].any()
+  assert extra_keys.THINK_FORCED_KEY not in off.extras
+  assert not on.extras[extra_keys.THINK_FORCED_KEY].any()
 
 
 def test_bad_thinking_config_is_rejected(tok, model):

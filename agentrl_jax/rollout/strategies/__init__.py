@@ -5,12 +5,13 @@ Each strategy is a frozen dataclass with
 returning ordinary `Trajectories` of exactly `len(seeds)` rows, with the sampler's log-probs of
 the kept tokens (TITO), so any estimator and the PPO loss follow unchanged. Chosen in gin with
 `learner.train.strategy = @tsr.BestOfN()` (or `@tsr.FilterInstances()`, `@t2po.TurnResampling()`,
-`@arpo.EntropyBranching()`). RTPO changes the training schedule itself and is an entry point:
-`learner.run.entry = @rtpo.train`.
+`@arpo.EntropyBranching()`). RTPO changes the training schedule itself: its tree sampling is here, its trainer
+(`learner.run.entry = @rtpo.train`) is `offline/rtpo.py`.
 
   tsr.py     TSR best-of-N action selection and instance filtering (ALGORITHMS.md B.19)
   t2po.py    T²PO turn-level dynamic sampling (B.15)
   arpo.py    ARPO entropy-triggered branching (A.8)
-  rtpo.py    RTPO reverse-turn updates on sparse reverse trees (B.9)
+  rtpo.py    RTPO's sparse reverse trees: roots, prefixes, per-depth continuations (B.9)
+  teacher.py the privileged teacher AHEAD and SERL share (B.8, B.13)
   common.py  the shared machinery: rows mid-episode, re-sampling a turn, forking rows
 """

@@ -32,6 +32,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
@@ -176,9 +177,9 @@ class EntropyBranching:
     common.close(runner, batch, stats)
     if dormant.any():
       self._play_from_prompt(runner, tool, batch, dormant, seeds, group_ids, params, rng, stats)
-    batch.traj.extras["arpo_source"] = source
-    batch.traj.extras["arpo_branch_turn"] = branch_turn
-    batch.traj.extras["arpo_entropy"] = entropy
+    batch.traj.extras[extra_keys.ARPO_SOURCE_KEY] = source
+    batch.traj.extras[extra_keys.ARPO_BRANCH_TURN_KEY] = branch_turn
+    batch.traj.extras[extra_keys.ARPO_ENTROPY_KEY] = entropy
     return common.finish(runner, batch, stats, start_time)
 
   def _play_from_prompt(self, runner, tool, batch, rows_mask, seeds, group_ids, params, rng, stats):

@@ -33,15 +33,17 @@ import copy
 import dataclasses
 import time
 import weakref
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
 from agentrl_jax.envs import base as envs_base
+from agentrl_jax.models import distribution
 from agentrl_jax.models import transformer
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
@@ -49,6 +51,22 @@ from agentrl_jax.rollout import workers as workers_lib
 
 # A factory of fresh environments (the learner's `make_env`).
 MakeEnv = Callable[[], envs_base.TextEnv]
+
+
+class Strategy(Protocol):
+  """How a batch is sampled (`learner.train.strategy`): exactly `len(seeds)` rows back."""
+
+  def collect(self, runner: loop_lib.RolloutRunner, make_env: MakeEnv, seeds: Sequence[int],
+              group_ids: Sequence[int], *, params: Any, rng: jax.Array,
+              row_ids: Sequence[int]) -> tuple[types.Trajectories, loop_lib.RolloutStats]: ...
+
+
+@runtime_checkable
+class PolicyBound(Protocol):
+  """A strategy that runs the policy itself (a teacher pass): told its structure once."""
+
+  def bind(self, *, graphdef: Any, allowed: jax.Array | None, temperature: float,
+           max_actions: int) -> Strategy: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,11 +337,11 @@ def start(runner: loop_lib.RolloutRunner, envs: Sequence[envs_base.TextEnv], see
   active = np.ones(b, bool) if active is None else np.asarray(active, bool).copy()
   traj = types.empty_trajectories(b, cfg.max_len, cfg.max_turns)
   traj.group_id[:] = np.asarray(group_ids, np.int32)
-  traj.extras["initial_obs_hash"] = np.zeros((b,), np.int32)
+  traj.extras[extra_keys.INITIAL_OBS_HASH_KEY] = np.zeros((b,), np.int32)
   observations: list[str | None] = [None] * b
   for i in np.flatnonzero(active):
     observations[i] = envs[i].reset(int(seeds[i]))
-    traj.extras["initial_obs_hash"][i] = envs_base.observation_hash(observations[i])
+    traj.extras[extra_keys.INITIAL_OBS_HASH_KEY][i] = envs_base.observation_hash(observations[i])
   return RowBatch(traj=traj, envs=list(envs), observations=observations, chunks=[[] for _ in envs],
                   active=active, cursor=np.zeros(b, np.int32),
                   cache=transformer.init_cache(runner.model_config, b, cfg.cache_capacity),
@@ -487,7 +505,6 @@ def record_step(batch: RowBatch, row: int, result, turn: int, stats: loop_lib.Ro
     batch.active[row] = False
 
 
-
 def play_turn(runner: loop_lib.RolloutRunner, tool: Tools, batch: RowBatch, draw: TurnDraw,
               turn: int, stats: loop_lib.RolloutStats) -> None:
   """Commits a draw for its rows: cache, action tokens, env step, step record."""
@@ -603,13 +620,13 @@ def _token_stats(graphdef, params, cache: transformer.KVCache, tokens: jax.Array
                               turn=jnp.full((b, w), turn, jnp.int32),
                               slot=jnp.broadcast_to(jnp.arange(w, dtype=jnp.int32), (b, w)))
   logits, _ = model(tokens, pos, cache)
-  allowed = sampler_lib.vocabulary_mask(vocab_size, sampling.allowed_token_ids)
+  allowed = distribution.vocabulary_mask(vocab_size, sampling.allowed_token_ids)
   temperature = sampling.temperature if sampling.temperature > 0 else 1.0
   a = sampling.max_action_tokens
   step = jnp.arange(a, dtype=jnp.int32)
   # The logits before action token j sit at column obs_len − 1 + j.
   before = jnp.clip(obs_len[:, None] - 1 + step, 0, w - 1)
-  logp = sampler_lib.policy_log_probs(
+  logp = distribution.policy_log_probs(
       jnp.take_along_axis(logits, before[..., None], axis=1), allowed, temperature)
   picked = jnp.take_along_axis(tokens, jnp.clip(before + 1, 0, w - 1), axis=1)
   valid = step[None] < num_tokens[:, None]

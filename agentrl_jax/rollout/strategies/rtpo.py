@@ -17,58 +17,28 @@ tokens under the updated parameters (the prefix tokens are the root's, bit for b
 is the episode's total reward (the prefix part is shared by the group, so the advantage is the
 same as for the return from turn k).
 
-Entry point for `experiments/run.py`: `learner.run.entry = @rtpo.train`.
+The sampling side lives here; the trainer that owns the schedule is `offline/rtpo.py`
+(`learner.run.entry = @rtpo.train`).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
-from agentrl_jax.advantages import estimators
-from agentrl_jax.learner import checkpoint as checkpoint_lib
-from agentrl_jax.learner import configs
-from agentrl_jax.learner import metrics as metrics_lib
-from agentrl_jax.learner import step as step_lib
-from agentrl_jax.models import transformer
-from agentrl_jax.offline import common as offline_common
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout.strategies import common
 
 _PREFIX_SALT = 0x9E7
 _DEPTH_SALT = 0xD39
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class RTPOConfig:
-  """The reverse tree (defaults: the spec's, our choices).
-
-  Attributes:
-    num_roots: N_root root episodes per task.
-    branches: M turn-k actions sampled from each chosen prefix (the advantage group).
-    max_prefixes: P_max prefixes per task and turn.
-    eps: ε of the group normalisation.
-  """
-
-  num_roots: int = 4
-  branches: int = 4
-  max_prefixes: int = 2
-  eps: float = 1e-6
-
-  def __post_init__(self):
-    for name in ("num_roots", "branches", "max_prefixes"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"RTPOConfig.{name} must be >= 1, got {getattr(self, name)}")
-    if self.eps <= 0:
-      raise ValueError(f"RTPOConfig.eps must be > 0, got {self.eps}")
 
 
 @dataclasses.dataclass
@@ -141,8 +111,8 @@ def _prefix_rows(roots: Roots, rows: np.ndarray, depth: int, size: int) -> types
   for name in ("reward", "obs_hash", "action_valid", "turn_start", "turn_end", "turn_mask"):
     getattr(out, name)[:n] = np.where(earlier, getattr(src, name)[rows], 0)
   out.outcome[:n] = out.reward[:n].sum(axis=1)
-  out.extras["initial_obs_hash"] = np.zeros((size,), np.int32)
-  out.extras["initial_obs_hash"][:n] = src.extras["initial_obs_hash"][rows]
+  out.extras[extra_keys.INITIAL_OBS_HASH_KEY] = np.zeros((size,), np.int32)
+  out.extras[extra_keys.INITIAL_OBS_HASH_KEY][:n] = src.extras[extra_keys.INITIAL_OBS_HASH_KEY][rows]
   return out
 
 
@@ -227,26 +197,28 @@ def reverse_depths(roots: Roots) -> list[int]:
 
 def rtpo_iteration(runner: loop_lib.RolloutRunner, make_env: common.MakeEnv, update,
                    state: types.ActorCriticState, seeds: Sequence[int], group_ids: Sequence[int],
-                   *, rtpo: RTPOConfig, num_tasks: int, rng: jax.Array, on_depth=None):
+                   *, max_prefixes: int, branches: int, num_tasks: int, rng: jax.Array,
+                   on_depth=None):
   """One RTPO iteration: roots, then one update per turn in decreasing turn order.
 
   Args:
     update: `step.make_update_fn(...)` with the group advantage as its `advantage_fn`.
     seeds, group_ids: the roots (num_tasks × num_roots rows).
+    max_prefixes, branches: P_max prefixes per task and turn, M continuations of each.
     on_depth: optional callback(DepthBatch, state before its update) (tests, diagnostics).
   Returns:
     (state, roots, list of per-depth metric dicts in update order).
   """
   roots = sample_roots(runner, make_env, seeds, group_ids, params=state.policy_params,
                        rng=jax.random.fold_in(rng, 0))
-  size = num_tasks * rtpo.max_prefixes * rtpo.branches
+  size = num_tasks * max_prefixes * branches
   prefix_key = jax.random.fold_in(rng, _PREFIX_SALT)
   history = []
   for depth in reverse_depths(roots):
-    prefixes = choose_prefixes(roots.traj, depth, rtpo.max_prefixes, prefix_key)
+    prefixes = choose_prefixes(roots.traj, depth, max_prefixes, prefix_key)
     if not prefixes.size:
       continue
-    batch = sample_depth(runner, roots, prefixes, depth, branches=rtpo.branches, size=size,
+    batch = sample_depth(runner, roots, prefixes, depth, branches=branches, size=size,
                          params=state.policy_params,
                          rng=jax.random.fold_in(jax.random.fold_in(rng, _DEPTH_SALT), depth))
     if on_depth is not None:
@@ -254,83 +226,8 @@ def rtpo_iteration(runner: loop_lib.RolloutRunner, make_env: common.MakeEnv, upd
     state, metrics = update(state, jax.tree.map(jnp.asarray, batch.traj))
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     metrics.update({"rtpo/depth": depth, "rtpo/prefixes": len(prefixes),
-                    "rtpo/branch_success": float(np.mean(batch.traj.success[:len(prefixes) * rtpo.branches]))})
+                    "rtpo/branch_success": float(np.mean(batch.traj.success[:len(prefixes) * branches]))})
     history.append(metrics)
   return state, roots, history
 
 
-def make_rtpo_update(graphdef, optimizer, loss: step_lib.LossConfig, *, allowed, temperature: float,
-                     max_actions: int, num_groups: int, eps: float):
-  """The PPO update of `learner/step.py` with GRPO over prefix groups as the advantage."""
-  grpo = estimators.get_estimator("grpo")
-  return step_lib.make_update_fn(
-      policy_graphdef=graphdef, critic_graphdef=None, policy_optimizer=optimizer,
-      critic_optimizer=None, advantage_fn=functools.partial(grpo, num_groups=num_groups, eps=eps),
-      loss=loss, allowed=allowed, temperature=temperature, max_actions=max_actions)
-
-
-def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
-          model: transformer.TransformerConfig | None = None,
-          rollout: loop_lib.RolloutConfig = loop_lib.RolloutConfig(),
-          loss: step_lib.LossConfig = step_lib.LossConfig(),
-          optim: configs.OptimConfig = configs.OptimConfig(),
-          rtpo: RTPOConfig = RTPOConfig(),
-          warm_start: configs.WarmStartConfig = configs.WarmStartConfig(),
-          evaluation: configs.EvalConfig = configs.EvalConfig(),
-          tokenizer_path: str | None = None) -> offline_common.Summary:
-  """Runs `num_iterations` RTPO iterations of `tasks_per_iteration` tasks.
-
-  `config.group_size` is not used: each task gets `rtpo.num_roots` roots and every prefix group
-  `rtpo.branches` continuations. The optimizer schedule counts one step per depth update
-  (at most `rollout.max_turns` per iteration).
-  """
-  setup, params, writer, base_key, before = offline_common.start(
-      workdir, config, model, rollout, warm_start, evaluation, tokenizer_path)
-  optimizer = offline_common.make_optimizer(optim, config.num_iterations * setup.rollout.max_turns)
-  tasks = config.tasks_per_iteration
-  size = tasks * rtpo.max_prefixes * rtpo.branches
-  update = make_rtpo_update(setup.graphdef, optimizer, loss, allowed=setup.allowed,
-                            temperature=setup.temperature, max_actions=setup.max_actions,
-                            num_groups=size, eps=rtpo.eps)
-  # A copy of the key data: the update donates the state, and `base_key` is used again.
-  state = types.ActorCriticState(step=jnp.zeros((), jnp.int32),
-                                 rng=jnp.array(jax.random.key_data(base_key)), policy_params=params,
-                                 policy_opt_state=optimizer.init(params))
-  ckpt = checkpoint_lib.Checkpointer(workdir)
-  extra: dict[str, Any] = {"iteration": 0}
-  if ckpt.latest_step() is not None:
-    state, extra = ckpt.restore(target=state)
-  metrics: dict[str, float] = {}
-  progress = metrics_lib.ProgressBar(total=config.num_iterations, initial=extra["iteration"],
-                                     enabled=jax.process_index() == 0)
-  for iteration in range(extra["iteration"], config.num_iterations):
-    start = time.perf_counter()
-    first = iteration * tasks
-    seeds = [first + t for t in range(tasks) for _ in range(rtpo.num_roots)]
-    groups = [t for t in range(tasks) for _ in range(rtpo.num_roots)]
-    state, roots, history = rtpo_iteration(
-        setup.runner, setup.make_env, update, state, seeds, groups, rtpo=rtpo, num_tasks=tasks,
-        rng=jax.random.fold_in(base_key, iteration + 1))
-    metrics = {"train/success": float(np.mean(roots.traj.success)),
-               "train/outcome": float(np.mean(roots.traj.outcome)),
-               "train/turns": float(np.mean(roots.traj.turn_mask.sum(axis=1))),
-               "rtpo/depth_updates": len(history), **roots.stats.as_metrics()}
-    for key in history[0] if history else ():
-      if key.startswith(("loss/", "credit/", "rollout/logprob_drift")):
-        metrics[key] = float(np.mean([h[key] for h in history]))
-    metrics["time/iteration_s"] = time.perf_counter() - start
-    done = extra["iteration"] = iteration + 1
-    if iteration == 0:
-      metrics_lib.write_operative_config(workdir, process_index=jax.process_index())
-    if done % evaluation.every == 0 or done == config.num_iterations:
-      metrics.update(offline_common.evaluate(setup, state.policy_params, evaluation,
-                                             jax.random.fold_in(base_key, 10_000 + done)))
-    if done % config.log_every == 0 or done == config.num_iterations:
-      writer.write(done, metrics)
-    progress.update(done, {"success": metrics["train/success"],
-                           "loss": metrics.get("loss/policy", float("nan"))})
-    if done % config.checkpoint_every == 0 or done == config.num_iterations:
-      ckpt.save(done, state, extra)
-  progress.close()
-  return offline_common.finish("rtpo", setup, state.policy_params, metrics, before,
-                               extra["iteration"], evaluation, base_key, writer)

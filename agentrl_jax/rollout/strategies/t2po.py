@@ -29,6 +29,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout.strategies import common
@@ -103,7 +104,7 @@ def _unmask_forced(batch: common.RowBatch, rows: np.ndarray, forced: list[np.nda
   """Takes the forced tokens of the just-written turn out of `action_mask` (they stay in
   `tokens`; their sample log-prob is already 0) and counts them per turn."""
   traj = batch.traj
-  counts = traj.extras.setdefault(loop_lib.THINK_FORCED_KEY,
+  counts = traj.extras.setdefault(extra_keys.THINK_FORCED_KEY,
                                   np.zeros(traj.reward.shape, np.float32))
   for i in rows:
     start = traj.turn_start[i, turn]
@@ -152,7 +153,7 @@ class TurnResampling:
 
     Returns ordinary `Trajectories` plus `extras["t2po_uncertainty"]` [B, N] (U of each kept turn)
     and `extras["t2po_retries"]` [B, N] (regenerations of each turn); with
-    `SamplingConfig.thinking` also `extras[loop.THINK_FORCED_KEY]` [B, N] (forced closes).
+    `SamplingConfig.thinking` also `extras[extra_keys.THINK_FORCED_KEY]` [B, N] (forced closes).
     """
     row_ids = common.check_inputs(seeds, group_ids, row_ids)
     start_time = time.perf_counter()
@@ -194,6 +195,6 @@ class TurnResampling:
       common.play_turn(runner, tool, batch, draw, turn, stats)
       if thinking:
         _unmask_forced(batch, rows, forced, turn)
-    batch.traj.extras["t2po_uncertainty"] = kept_u
-    batch.traj.extras["t2po_retries"] = retries
+    batch.traj.extras[extra_keys.T2PO_UNCERTAINTY_KEY] = kept_u
+    batch.traj.extras[extra_keys.T2PO_RETRIES_KEY] = retries
     return common.finish(runner, batch, stats, start_time)

@@ -33,6 +33,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
 from agentrl_jax.envs import base as envs_base
 from agentrl_jax.rollout import loop as loop_lib
@@ -151,8 +152,8 @@ class BestOfN:
       for i in rows:
         batch.envs[i] = kept[i][2]
         common.record_step(batch, i, kept[i][3], turn, stats)
-    batch.traj.extras["tsr_scores"] = scores
-    batch.traj.extras["tsr_choice"] = choice
+    batch.traj.extras[extra_keys.TSR_SCORES_KEY] = scores
+    batch.traj.extras[extra_keys.TSR_CHOICE_KEY] = choice
     return common.finish(runner, batch, stats, start_time)
 
   def _lookahead(self, runner, tool, params, batch, draw, clones, results, turn) -> dict[int, float]:
@@ -264,9 +265,9 @@ class BeamSearch:
       for slot, cand in assignment.items():
         cumulative[slot] = cand.score
         parent_log[slot, turn] = cand.parent
-    batch.traj.extras["tsr_beam_score"] = np.maximum(cumulative, np.finfo(np.float32).min).astype(
+    batch.traj.extras[extra_keys.TSR_BEAM_SCORE_KEY] = np.maximum(cumulative, np.finfo(np.float32).min).astype(
         np.float32)
-    batch.traj.extras["tsr_beam_parent"] = parent_log
+    batch.traj.extras[extra_keys.TSR_BEAM_PARENT_KEY] = parent_log
     return common.finish(runner, batch, stats, start_time)
 
   @staticmethod
@@ -380,7 +381,7 @@ class FilterInstances:
     # Static shapes: a group that never passed stays, carrying no loss.
     traj.action_mask[~kept] = False
     traj.sample_logprob[~kept] = 0.0
-    traj.extras["instance_kept"] = kept.astype(np.float32)
+    traj.extras[extra_keys.INSTANCE_KEPT_KEY] = kept.astype(np.float32)
     stats.seconds = time.perf_counter() - start_time
     return common.trim_to_bucket(runner, traj), stats
 

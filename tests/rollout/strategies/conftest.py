@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentrl_jax.learner import step as step_lib
+from agentrl_jax.models import distribution
 from agentrl_jax.models import transformer as tfm
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
@@ -37,10 +37,10 @@ def replayed_log_probs(model, runner, traj):
   """The learner's full-sequence log-probs of the recorded tokens, scattered back to [B, L]."""
   _, graphdef, params = model
   sampling = runner.config.sampling
-  allowed = sampler_lib.vocabulary_mask(runner.model_config.vocab_size, sampling.allowed_token_ids)
+  allowed = distribution.vocabulary_mask(runner.model_config.vocab_size, sampling.allowed_token_ids)
   max_actions = runner.config.max_turns * sampling.max_action_tokens
-  view = step_lib.action_view(jnp.asarray(traj.action_mask), max_actions)
-  logp, _ = step_lib.action_log_probs(graphdef, params, jnp.asarray(traj.tokens),
+  view = distribution.action_view(jnp.asarray(traj.action_mask), max_actions)
+  logp, _ = distribution.action_log_probs(graphdef, params, jnp.asarray(traj.tokens),
                                       tfm.positions_from_turns(jnp.asarray(traj.turn_of_token)),
                                       view, allowed, 1.0)
   out = np.zeros(traj.tokens.shape, np.float32)

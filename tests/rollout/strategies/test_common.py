@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from agentrl_jax.envs import registry
-from agentrl_jax.learner import step as step_lib
+from agentrl_jax.models import distribution
 from agentrl_jax.models import transformer as tfm
 from agentrl_jax.rollout import context as context_lib
 from agentrl_jax.rollout import loop as loop_lib
@@ -79,10 +79,10 @@ def test_token_stats_agree_with_the_sampler_and_a_full_pass(word_runner, free_ru
     allowed = None
     support = runner.model_config.vocab_size
     if sampling.allowed_token_ids is not None:
-      allowed = sampler_lib.vocabulary_mask(support, sampling.allowed_token_ids)
+      allowed = distribution.vocabulary_mask(support, sampling.allowed_token_ids)
       support = len(sampling.allowed_token_ids)
-    view = step_lib.action_view(jnp.asarray(traj.action_mask), 16)
-    _, full_entropy = step_lib.action_log_probs(
+    view = distribution.action_view(jnp.asarray(traj.action_mask), 16)
+    _, full_entropy = distribution.action_log_probs(
         model[1], model[2], jnp.asarray(traj.tokens),
         tfm.positions_from_turns(jnp.asarray(traj.turn_of_token)), view, allowed, 1.0)
     # The last turn's tokens: compare its entropies with the full pass at the same tokens.

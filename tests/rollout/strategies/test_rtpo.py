@@ -11,14 +11,15 @@ from agentrl_jax.envs import base
 from agentrl_jax.envs import registry
 from agentrl_jax.learner import step as step_lib
 from agentrl_jax import types
+from agentrl_jax.models import distribution
 from agentrl_jax.models import transformer as tfm
-from agentrl_jax.rollout import sampler as sampler_lib
+from agentrl_jax.offline import rtpo as rtpo_train
 from agentrl_jax.rollout.strategies import rtpo
 
 import one_step_env
 
 TASKS = 2
-CONFIG = rtpo.RTPOConfig(num_roots=3, branches=3, max_prefixes=2)
+CONFIG = rtpo_train.RTPOConfig(num_roots=3, branches=3, max_prefixes=2)
 SIZE = TASKS * CONFIG.max_prefixes * CONFIG.branches
 
 
@@ -29,11 +30,11 @@ def _make_env():
 @pytest.fixture(scope="module")
 def update(word_runner, model):
   sampling = word_runner.config.sampling
-  return rtpo.make_rtpo_update(
+  return rtpo_train.make_rtpo_update(
       # The entropy bonus moves the parameters at every depth, even when a group ties.
       model[1], optax.adam(1e-2), step_lib.LossConfig(entropy_coef=0.01), num_groups=SIZE,
       eps=CONFIG.eps,
-      allowed=sampler_lib.vocabulary_mask(word_runner.model_config.vocab_size,
+      allowed=distribution.vocabulary_mask(word_runner.model_config.vocab_size,
                                           sampling.allowed_token_ids),
       temperature=1.0, max_actions=word_runner.config.max_turns)
 
@@ -49,16 +50,16 @@ def _iteration(word_runner, update, params, make_env, on_depth, key=0):
   seeds = [t for t in range(TASKS) for _ in range(CONFIG.num_roots)]
   groups = list(seeds)
   return rtpo.rtpo_iteration(word_runner, make_env, update, _state(params), seeds, groups,
-                             rtpo=CONFIG, num_tasks=TASKS, rng=jax.random.key(key),
+                             max_prefixes=CONFIG.max_prefixes, branches=CONFIG.branches, num_tasks=TASKS, rng=jax.random.key(key),
                              on_depth=on_depth)
 
 
 def _replayed(model, runner, traj, params):
   """Full-pass log-probs [B, L] of the recorded action tokens under `params`."""
-  allowed = sampler_lib.vocabulary_mask(runner.model_config.vocab_size,
+  allowed = distribution.vocabulary_mask(runner.model_config.vocab_size,
                                         runner.config.sampling.allowed_token_ids)
-  view = step_lib.action_view(jnp.asarray(traj.action_mask), runner.config.max_turns)
-  logp, _ = step_lib.action_log_probs(model[1], params, jnp.asarray(traj.tokens),
+  view = distribution.action_view(jnp.asarray(traj.action_mask), runner.config.max_turns)
+  logp, _ = distribution.action_log_probs(model[1], params, jnp.asarray(traj.tokens),
                                       tfm.positions_from_turns(jnp.asarray(traj.turn_of_token)),
                                       view, allowed, 1.0)
   out = np.zeros(traj.tokens.shape, np.float32)
@@ -144,6 +145,6 @@ def test_choose_prefixes_caps_per_group(word_runner, model):
 
 def test_bad_config_is_rejected():
   with pytest.raises(ValueError, match="branches"):
-    rtpo.RTPOConfig(branches=0)
+    rtpo_train.RTPOConfig(branches=0)
   with pytest.raises(ValueError, match="eps"):
-    rtpo.RTPOConfig(eps=0.0)
+    rtpo_train.RTPOConfig(eps=0.0)

@@ -4,8 +4,8 @@ import jax
 import numpy as np
 import pytest
 
+from agentrl_jax import extra_keys
 from agentrl_jax.envs import registry
-from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
 from agentrl_jax.rollout.strategies import t2po
 
@@ -112,7 +112,7 @@ def test_thinking_intervention_in_resampled_turns(tok, model, runner_for, check_
   for b, k in zip(*np.nonzero(traj.turn_mask)):
     ids = traj.tokens[b, traj.turn_start[b, k]:traj.turn_end[b, k]]
     forced = ~traj.action_mask[b, traj.turn_start[b, k]:traj.turn_end[b, k]]
-    assert traj.extras[loop_lib.THINK_FORCED_KEY][b, k] == forced.sum()
+    assert traj.extras[extra_keys.THINK_FORCED_KEY][b, k] == forced.sum()
     for j in np.flatnonzero(forced):
       # A forced token is the close, after exactly two thinking tokens (the first close).
       assert ids[j] == tok.eos_id and j == 2 and tok.eos_id not in ids[:j], (b, k, ids)

@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from agentrl_jax.credit import serl
-from agentrl_jax.credit import serl_teacher
+from agentrl_jax import extra_keys
+from agentrl_jax.rollout.strategies import teacher as teacher_lib
 from agentrl_jax.envs import registry
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer as tfm
@@ -32,7 +32,7 @@ def setup():
   sampling = sampler_lib.SamplingConfig(max_action_tokens=3, stop_token_ids=(tok.end_id,))
   rollout = loop_lib.RolloutConfig(max_turns=10, max_len=256, obs_buckets=(48, 96), sampling=sampling)
   runner = loop_lib.RolloutRunner(graphdef, cfg, tok, rollout)
-  teacher = serl_teacher.PrivilegedTeacher(sync_every=2).bind(
+  teacher = teacher_lib.PrivilegedTeacher(sync_every=2).bind(
       graphdef=graphdef, allowed=None, temperature=1.0, max_actions=30)
   return tok, graphdef, params, runner, teacher
 
@@ -67,7 +67,7 @@ def _hand_built_teacher_logprob(tok, graphdef, params, traj, row, feedback):
 def test_teacher_logprobs_are_the_snapshot_reading_the_feedback(setup):
   tok, graphdef, params, runner, teacher = setup
   traj, _ = _play(teacher, runner, params, key=0)
-  t_logp = traj.extras[serl.TEACHER_LOGPROB_KEY]
+  t_logp = traj.extras[extra_keys.TEACHER_LOGPROB_KEY]
   assert t_logp.shape == traj.tokens.shape
   # Outside action tokens the teacher leaves the student's values (zeros there).
   np.testing.assert_array_equal(t_logp[~traj.action_mask], traj.sample_logprob[~traj.action_mask])
@@ -86,13 +86,13 @@ def test_teacher_logprobs_are_the_snapshot_reading_the_feedback(setup):
 
 def test_update_step_counts_batches_and_the_teacher_resyncs(setup):
   tok, graphdef, params, runner, _ = setup
-  teacher = serl_teacher.PrivilegedTeacher(sync_every=2).bind(
+  teacher = teacher_lib.PrivilegedTeacher(sync_every=2).bind(
       graphdef=graphdef, allowed=None, temperature=1.0, max_actions=30)
   other = tfm.create(tfm.tiny(tok.vocab_size, d_model=32, num_heads=4, mlp_dim=64), seed=1)[1]
   steps, snapshots = [], []
   for i, p in enumerate([params, other, other]):
     traj, _ = _play(teacher, runner, p, key=i)
-    steps.append(traj.extras[serl.UPDATE_STEP_KEY])
+    steps.append(traj.extras[extra_keys.UPDATE_STEP_KEY])
     snapshots.append(jax.tree.leaves(teacher._teacher)[0])
   assert [s.tolist() for s in steps] == [[0, 0, 0], [1, 1, 1], [2, 2, 2]]
   # Synced at batches 0 and 2 only: batch 1 still scores with the batch-0 snapshot.
@@ -106,7 +106,7 @@ def test_update_step_counts_batches_and_the_teacher_resyncs(setup):
 def test_collect_before_bind_names_the_problem(setup):
   _, _, params, runner, _ = setup
   with pytest.raises(ValueError, match="before bind"):
-    serl_teacher.PrivilegedTeacher().collect(runner, lambda: registry.make("frozenlake"), [0], [0],
+    teacher_lib.PrivilegedTeacher().collect(runner, lambda: registry.make("frozenlake"), [0], [0],
                                              params=params, rng=jax.random.key(0), row_ids=[0])
 
 

@@ -1,4 +1,7 @@
-"""Turn- and span-level views of a batch that several credit methods share.
+"""Turn- and span-level views of a batch that reward shapers, estimators and corrections share.
+
+They sit at the bottom of the flow, beside `types`, so that `rewards/`, `advantages/` and
+`credit/` can all use them without importing one another.
 
 Token layout (see `types`): turn k's action occupies the half-open token range
 `[turn_start[b, k], turn_end[b, k])`, marked by `action_mask`; `turn_of_token` is −1 on padding.
@@ -13,11 +16,11 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from agentrl_jax import extra_keys
 from agentrl_jax import types
 
 Array = jax.Array
 
-INITIAL_OBS_HASH_KEY = "initial_obs_hash"
 
 # Odd 32-bit constants of a multiplicative mixer; any odd constants with good avalanche would do.
 _MIX_A = 0x9E3779B1
@@ -104,13 +107,24 @@ def anchor_hashes(traj: types.Trajectories) -> tuple[Array, Array]:
   obs_hash = jnp.asarray(traj.obs_hash)
   chex.assert_rank(obs_hash, 2)
   b, n = obs_hash.shape
-  initial = traj.extras.get(INITIAL_OBS_HASH_KEY)
+  initial = traj.extras.get(extra_keys.INITIAL_OBS_HASH_KEY)
   known0 = initial is not None
   initial = jnp.zeros((b,), obs_hash.dtype) if initial is None else jnp.asarray(initial, obs_hash.dtype)
   chex.assert_shape(initial, (b,))
   anchor = jnp.concatenate([initial[:, None], obs_hash[:, :-1]], axis=1)
   known = jnp.ones((b, n), bool).at[:, 0].set(known0)
   return anchor, known
+
+
+def with_turn_rewards(traj: types.Trajectories, reward: Array) -> types.Trajectories:
+  """Replaces the turn rewards [B, N] and moves each trajectory's outcome by the same total.
+
+  Trajectory-level estimators read `outcome`; turn-level ones read `reward`. Shifting both by
+  the shaped amount keeps them consistent: R_b = R_ext,b + Σ_k r_int[b, k].
+  """
+  reward = jnp.where(traj.turn_mask, reward, 0.0).astype(jnp.float32)
+  delta = jnp.sum(reward - jnp.where(traj.turn_mask, traj.reward, 0.0), axis=1)
+  return traj.replace(reward=reward, outcome=traj.outcome + delta)
 
 
 def last_turn(turn_mask: Array) -> Array:

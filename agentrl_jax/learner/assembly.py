@@ -1,0 +1,190 @@
+"""Configs → one run: the checks, the tokenizer and env factory, the model, the credit pipeline,
+the policy's state and the rollout runners. Every method, the viewer and the evaluate command
+assemble their run here; nothing else does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from agentrl_jax import types
+from agentrl_jax.advantages import estimators
+from agentrl_jax.envs import base as envs_base
+from agentrl_jax.envs import registry
+from agentrl_jax.learner import configs
+from agentrl_jax.learner import evaluate as evaluate_lib
+from agentrl_jax.learner import pipeline
+from agentrl_jax.learner import step as step_lib
+from agentrl_jax.models import distribution
+from agentrl_jax.models import hf
+from agentrl_jax.models import tokenizer as tokenizer_lib
+from agentrl_jax.models import transformer
+from agentrl_jax.rollout import loop as loop_lib
+from agentrl_jax.rollout import sampler as sampler_lib
+
+
+class Resolved(NamedTuple):
+  """A run's configs checked against each other: the tokenizer, env factory, model and rollout
+  (the rollout's sampling restricted to the env's action words where the config says so)."""
+
+  tokenizer: tokenizer_lib.Tokenizer
+  make_env: Callable[[], envs_base.TextEnv]
+  model: transformer.TransformerConfig
+  rollout: loop_lib.RolloutConfig
+
+
+def make_optimizer(config: configs.OptimConfig, total_steps: int) -> optax.GradientTransformation:
+  end = config.learning_rate if config.end_learning_rate is None else config.end_learning_rate
+  schedule = optax.join_schedules(
+      [optax.linear_schedule(0.0, config.learning_rate, max(config.warmup_steps, 1)),
+       optax.linear_schedule(config.learning_rate, end, max(total_steps - config.warmup_steps, 1))],
+      [max(config.warmup_steps, 1)]) if config.warmup_steps else optax.linear_schedule(
+          config.learning_rate, end, max(total_steps, 1))
+  return optax.chain(
+      optax.clip_by_global_norm(config.max_grad_norm),
+      optax.adamw(schedule, b1=config.b1, b2=config.b2, weight_decay=config.weight_decay))
+
+
+def restricted_sampling(sampling: sampler_lib.SamplingConfig, env, tok: tokenizer_lib.Tokenizer):
+  if not env.action_words:
+    raise ValueError(f"TrainConfig.restrict_to_action_words: env {env.name!r} has no finite action set")
+  if sampling.thinking is not None:
+    raise ValueError("TrainConfig.restrict_to_action_words = True allows one-token actions, so "
+                     "SamplingConfig.thinking needs restrict_to_action_words = False")
+  ids = tuple(tok.single_token_id(word) for word in env.action_words)
+  return dataclasses.replace(sampling, allowed_token_ids=ids, max_action_tokens=1)
+
+
+def credit_pipeline(config: configs.TrainConfig, reward_shapers, corrections) -> pipeline.CreditPipeline:
+  estimator = estimators.get_estimator(config.estimator)
+  if estimator.needs_critic and not config.use_critic:
+    raise ValueError(f"TrainConfig.estimator={config.estimator!r} needs a critic; set "
+                     f"TrainConfig.use_critic = True")
+  kwargs = dict(config.estimator_kwargs)
+  accepted = inspect.signature(estimator.fn).parameters
+  unknown = sorted(set(kwargs) - set(accepted))
+  if unknown:
+    raise ValueError(f"TrainConfig.estimator_kwargs: estimator {config.estimator!r} has no "
+                     f"argument(s) {unknown}; it takes {sorted(set(accepted) - {'traj', 'values'})}")
+  if "num_groups" in accepted:
+    kwargs.setdefault("num_groups", config.batch_size)
+  return pipeline.CreditPipeline(estimator=functools.partial(estimator, **kwargs),
+                                 reward_shapers=tuple(reward_shapers), corrections=tuple(corrections))
+
+
+def max_actions(rollout: loop_lib.RolloutConfig) -> int:
+  """An upper bound on one trajectory's action tokens (the learner's head reads only these)."""
+  bound = rollout.max_turns * rollout.sampling.max_action_tokens
+  if rollout.max_trajectory_action_tokens:
+    bound = min(bound, rollout.max_trajectory_action_tokens)
+  return bound
+
+
+def resolve(config: configs.TrainConfig, model, rollout: loop_lib.RolloutConfig,
+            loss: step_lib.LossConfig | None = None, tokenizer_path=None,
+            init_from=None) -> Resolved:
+  """Checks the configs against each other and the env/tokenizer; nothing is computed yet.
+
+  Raises:
+    ValueError, TypeError, FileNotFoundError: a config conflicts with the env, the tokenizer,
+      the checkpoint or another config (callers turn these into `config_errors.ConfigError`).
+  """
+  tok = tokenizer_lib.load_tokenizer(tokenizer_path)
+  make_env = functools.partial(registry.make, config.env_name, **config.env_kwargs)
+  probe_env = make_env()
+  if probe_env.max_turns > rollout.max_turns:
+    raise ValueError(f"env {config.env_name!r} runs up to {probe_env.max_turns} turns but "
+                     f"RolloutConfig.max_turns={rollout.max_turns}")
+  if config.max_staleness and (loss is None or loss.tis_cap is None):
+    raise ValueError("TrainConfig.max_staleness=1 plays each batch with a policy one update old; "
+                     "set LossConfig.tis_cap (e.g. 2.0) so the update corrects for the lag")
+  if config.max_staleness and rollout.workers.kind == "process":
+    raise ValueError("TrainConfig.max_staleness=1 with WorkerConfig.kind='process' is not "
+                     "supported: the worker processes are stepped from one thread at a time")
+  if loss is not None and config.batch_size % loss.num_minibatches:
+    raise ValueError(f"TrainConfig batch of {config.batch_size} episodes is not divisible into "
+                     f"LossConfig.num_minibatches={loss.num_minibatches}")
+  if init_from:
+    checkpoint_model, _ = hf.load_config(init_from)
+    if model is not None:
+      diffs = hf.architecture_diff(checkpoint_model, dataclasses.replace(model, vocab_size=tok.vocab_size))
+      if diffs:
+        raise ValueError(f"learner.train.init_from={init_from!r}: config.json differs from the "
+                         "configured model: " + "; ".join(diffs))
+    if checkpoint_model.vocab_size != tok.vocab_size:
+      raise ValueError(f"learner.train.init_from={init_from!r}: vocab_size "
+                       f"{checkpoint_model.vocab_size} differs from the tokenizer's {tok.vocab_size}")
+    model = checkpoint_model
+  model = dataclasses.replace(model or transformer.tiny(tok.vocab_size), vocab_size=tok.vocab_size)
+  if config.restrict_to_action_words:
+    rollout = dataclasses.replace(rollout, sampling=restricted_sampling(rollout.sampling, probe_env, tok))
+  if model.position == "turn_slot" and model.max_turns < rollout.max_turns:
+    raise ValueError(f"TransformerConfig.max_turns={model.max_turns} is below "
+                     f"RolloutConfig.max_turns={rollout.max_turns}: later turns would share an embedding")
+  return Resolved(tokenizer=tok, make_env=make_env, model=model, rollout=rollout)
+
+
+def abstract_graphdef(model: transformer.TransformerConfig, seed: int):
+  """The module structure alone: built abstractly, so no parameter is allocated for it."""
+  abstract = nnx.eval_shape(lambda: transformer.Transformer(model, nnx.Rngs(params=seed)))
+  return nnx.split(abstract, nnx.Param)[0]
+
+
+def initial_state(policy_params, *, model, critic_cfg, seed: int, policy_opt, critic_opt,
+                   keep_ref: bool) -> types.ActorCriticState:
+  """Step 0 of a run (under jit on a mesh, so it is created sharded); `policy_params` are loaded
+  weights, or None to initialise them from `seed`."""
+  if policy_params is None:
+    policy_params = transformer.create(model, seed)[1]
+  critic_params = transformer.create(critic_cfg, seed + 1)[1] if critic_cfg is not None else None
+  return types.ActorCriticState(
+      step=jnp.zeros((), jnp.int32), rng=jax.random.key_data(jax.random.key(seed)),
+      policy_params=policy_params, policy_opt_state=policy_opt.init(policy_params),
+      critic_params=critic_params,
+      critic_opt_state=critic_opt.init(critic_params) if critic_cfg is not None else None,
+      ref_params=policy_params if keep_ref else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """A resolved run with its policy structure and rollout runners (what a method plays with)."""
+
+  tokenizer: tokenizer_lib.Tokenizer
+  make_env: Callable[[], envs_base.TextEnv]
+  model: transformer.TransformerConfig
+  rollout: loop_lib.RolloutConfig
+  graphdef: Any
+  allowed: jax.Array | None
+  temperature: float
+  max_actions: int
+  runner: loop_lib.RolloutRunner
+  greedy_runner: loop_lib.RolloutRunner
+
+  def evaluate(self, params, evaluation: configs.EvalConfig, rng: jax.Array,
+               make_env: Callable[[], envs_base.TextEnv] | None = None) -> dict[str, float]:
+    """Held-out greedy success (and pass@k) of `params` (`learner.evaluate`)."""
+    return evaluate_lib.evaluate(params, greedy=self.greedy_runner, sampled=self.runner,
+                                 make_env=make_env or self.make_env, config=evaluation, rng=rng)
+
+
+def build_run(resolved: Resolved, graphdef) -> Run:
+  """The runners (sampled, and greedy for evaluation) of a resolved run's policy."""
+  rollout = resolved.rollout
+  greedy = dataclasses.replace(rollout, sampling=dataclasses.replace(rollout.sampling,
+                                                                     temperature=0.0))
+  return Run(
+      tokenizer=resolved.tokenizer, make_env=resolved.make_env, model=resolved.model,
+      rollout=rollout, graphdef=graphdef,
+      allowed=distribution.vocabulary_mask(resolved.model.vocab_size,
+                                           rollout.sampling.allowed_token_ids),
+      temperature=rollout.sampling.temperature or 1.0, max_actions=max_actions(rollout),
+      runner=loop_lib.RolloutRunner(graphdef, resolved.model, resolved.tokenizer, rollout),
+      greedy_runner=loop_lib.RolloutRunner(graphdef, resolved.model, resolved.tokenizer, greedy))

@@ -1,0 +1,44 @@
+"""Behaviour cloning on noisy scripted-expert episodes before RL, the same for every method.
+
+Demonstration seeds sit in their own range (below `EvalConfig.seed_offset`), so training never
+sees a held-out task; each demonstration's action noise is keyed by its global index, so a run
+on several hosts clones the same demonstrations as one host.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import optax
+
+from agentrl_jax.learner import assembly
+from agentrl_jax.learner import batches
+from agentrl_jax.learner import step as step_lib
+from agentrl_jax.parallel import multihost
+from agentrl_jax.rollout import loop as loop_lib
+
+SEED_BASE = 500_000_000
+
+
+def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_env, allowed, temperature,
+                model, writer, device_mesh=None):
+  """Behaviour cloning on noisy scripted-expert episodes; returns the state with new policy params."""
+  optimizer = optax.adam(warm_start.learning_rate)
+  sft = step_lib.make_sft_fn(policy_graphdef=graphdef, optimizer=optimizer, allowed=allowed,
+                             temperature=temperature, max_actions=assembly.max_actions(rollout))
+  demo_runner = loop_lib.RolloutRunner(graphdef, model, tok, rollout)
+  actor = loop_lib.noisy_expert(warm_start.expert_noise)
+  params, opt_state = state.policy_params, optimizer.init(state.policy_params)
+  n = warm_start.episodes_per_iteration
+  share = multihost.host_share(n)
+  for i in range(warm_start.iterations):
+    rows = range(share.start, share.stop)
+    seeds = [SEED_BASE + i * n + j for j in rows]
+    # One generator per demonstration, keyed by its global index: the same demos on any host count.
+    actor_rngs = [np.random.default_rng((config.seed, i, j)) for j in rows]
+    traj, _ = demo_runner.collect([make_env() for _ in seeds], seeds, list(rows), actor=actor,
+                                  actor_rng=actor_rngs)
+    params, opt_state, m = sft(params, opt_state, batches.global_batch(traj, device_mesh))
+    if (i + 1) % 10 == 0 or i + 1 == warm_start.iterations:
+      writer.write(0, {"warm_start/nll": float(m["sft/nll"]), "warm_start/iteration": i + 1})
+  return state.replace(policy_params=params,
+                       ref_params=params if state.ref_params is not None else None)
