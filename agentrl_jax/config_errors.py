@@ -8,17 +8,26 @@ mistake in a binding then fails at parse time, before any compute, as a `ConfigE
   'num_iteratons'; did you mean parameter 'num_iterations'?
 
 Each file and each binding is parsed on its own so an error is attributed to exactly one of
-them. Bindings are parsed with the dynamic-registration import and the files' imports prepended,
+them. A literal value bound to a field of a config dataclass is checked against the field's type
+annotation as soon as it is parsed (`check_field_types` checks the same at construction, for
+values that arrive through references or from Python). Bindings are parsed with the dynamic-registration import and the files' imports prepended,
 so a command-line binding may name any function of a module the config (or `default_imports`)
 imports, not only the ones the files already bind.
 """
 
 from __future__ import annotations
 
+import collections.abc
+import dataclasses
 import difflib
+import functools
 import inspect
+import numbers
 import os
 import re
+import sys
+import types
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +44,10 @@ _NOT_IMPORTED = re.compile(r"'(\w+)' was not provided by an import statement")
 
 class ConfigError(ValueError):
   """A gin file or binding is wrong; the message is one line naming it."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+  """A config field holds a value of the wrong type (a string where a number belongs, ...)."""
 
 
 def parse_config(gin_files: Sequence[str], gin_bindings: Sequence[str], *,
@@ -63,13 +76,18 @@ def parse_config(gin_files: Sequence[str], gin_bindings: Sequence[str], *,
   for path in paths:
     with open(path, encoding="utf-8") as f:
       file_imports += _import_lines(f.read())
+    before = _bound_values()
     _parse_or_explain(lambda p=path: gin.parse_config_file(p), source=path,
                       imports=[*default_imports, *file_imports])
+    _check_bound_types(before, path)
   imports = _unique([*default_imports, *file_imports, *_import_lines(gin.config_str())])
   preamble = "\n".join([_DYNAMIC_REGISTRATION, *imports])
   for binding in gin_bindings:
-    _parse_or_explain(lambda b=binding: gin.parse_config(f"{preamble}\n{b}"),
-                      source=f"--gin_bindings {binding!r}", imports=imports)
+    source = f"--gin_bindings {binding!r}"
+    before = _bound_values()
+    _parse_or_explain(lambda b=binding: gin.parse_config(f"{preamble}\n{b}"), source=source,
+                      imports=imports)
+    _check_bound_types(before, source)
 
 
 def _check_importable(statements: Sequence[str]) -> None:
@@ -220,3 +238,208 @@ def _closest_word(word: str, candidates: Sequence[str]) -> str | None:
 def _closest(word: str, candidates: Sequence[str], kind: str) -> str:
   closest = _closest_word(word, candidates)
   return f"; did you mean {kind} {closest!r}?" if closest else ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Field types.
+
+
+def check_field_types(instance: Any) -> None:
+  """Checks every field of a dataclass instance against its resolved type annotation.
+
+  Called first thing in each config dataclass's `__post_init__`, so the range checks after it
+  compare numbers with numbers (a string bound to an int field used to surface as Python's
+  "'<' not supported between instances of 'str' and 'int'"). Understood annotations: `int` (not
+  bool), `float` (an int is accepted), `bool`, `str`, `None`, unions and `Optional`, `Literal`,
+  `tuple[X, ...]` and fixed tuples (a list is accepted), `list`/`Sequence`, `dict`/`Mapping`,
+  `Callable`, dataclasses and other plain classes; anything else is not checked. 0-d JAX and
+  NumPy arrays count as numbers of their dtype's kind.
+
+  Args:
+    instance: a dataclass instance.
+
+  Raises:
+    ConfigTypeError: naming the class, the field, the value and the expected type, e.g.
+      "configs.TrainConfig.num_iterations expects int, got 'many' (str)".
+  """
+  cls = type(instance)
+  for name, hint in _field_hints(cls).items():
+    value = getattr(instance, name)
+    if not _matches(value, hint):
+      raise ConfigTypeError(type_error_message(cls, name, value, hint))
+
+
+def type_error_message(cls: type, name: str, value: Any, hint: Any) -> str:
+  """"<module alias>.<Class>.<field> expects <type>, got <value> (<type of value>)"."""
+  shown = repr(value)
+  if len(shown) > 80:
+    shown = shown[:77] + "..."
+  return (f"{configurable_name(cls)}.{name} expects {describe_type(hint)}, got {shown} "
+          f"({type(value).__name__})")
+
+
+def configurable_name(cls: type) -> str:
+  """The name a gin binding uses for `cls`: its module's last component, then the class."""
+  return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__qualname__}"
+
+
+@functools.lru_cache(maxsize=None)
+def _field_hints(cls: type) -> dict[str, Any]:
+  """Each init field's annotation, resolved; a field whose annotation does not resolve (a name
+  imported only under TYPE_CHECKING) is left out rather than guessed."""
+  fields = [f.name for f in dataclasses.fields(cls) if f.init]
+  try:
+    hints = typing.get_type_hints(cls)
+    return {name: hints[name] for name in fields if name in hints}
+  except Exception:  # pylint: disable=broad-except
+    pass
+  namespace = dict(vars(sys.modules[cls.__module__])) if cls.__module__ in sys.modules else {}
+  resolved = {}
+  for name in fields:
+    annotation = cls.__annotations__.get(name) if hasattr(cls, "__annotations__") else None
+    if annotation is None:
+      continue
+    if isinstance(annotation, str):
+      try:
+        annotation = eval(annotation, namespace)  # pylint: disable=eval-used
+      except Exception:  # pylint: disable=broad-except
+        continue
+    resolved[name] = annotation
+  return resolved
+
+
+def _array_kind(value: Any) -> str | None:
+  """The dtype kind ('b', 'i', 'u', 'f', ...) of a 0-d array or array scalar, else None."""
+  dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+  if dtype is None or shape != ():
+    return None
+  return getattr(dtype, "kind", None)
+
+
+def _matches(value: Any, hint: Any) -> bool:  # pylint: disable=too-many-return-statements
+  """Whether `value` is an instance of the annotation `hint` (True where `hint` is not understood)."""
+  if hint is Any or hint is object:
+    return True
+  if hint is None or hint is type(None):
+    return value is None
+  origin, args = typing.get_origin(hint), typing.get_args(hint)
+  if origin is typing.Union or origin is types.UnionType:
+    return any(_matches(value, arg) for arg in args)
+  if origin is typing.Literal:
+    # `True == 1`: a literal matches only a value of its own type.
+    return any(value == arg and type(value) is type(arg) for arg in args)
+  if hint is bool:
+    return isinstance(value, bool) or _array_kind(value) == "b"
+  if hint is int:
+    return ((isinstance(value, numbers.Integral) and not isinstance(value, bool))
+            or _array_kind(value) in ("i", "u"))
+  if hint is float:
+    return ((isinstance(value, numbers.Real) and not isinstance(value, bool))
+            or _array_kind(value) in ("i", "u", "f"))
+  if hint is str:
+    return isinstance(value, str)
+  if origin is tuple:
+    if not isinstance(value, (tuple, list)):
+      return False
+    if len(args) == 2 and args[1] is Ellipsis:
+      return all(_matches(item, args[0]) for item in value)
+    if args == ((),):  # tuple[()]
+      return not value
+    return not args or (len(value) == len(args) and all(map(_matches, value, args)))
+  if origin in (list, collections.abc.Sequence, collections.abc.MutableSequence):
+    if not isinstance(value, (tuple, list)):
+      return False
+    return not args or all(_matches(item, args[0]) for item in value)
+  if origin in (dict, collections.abc.Mapping, collections.abc.MutableMapping):
+    if not isinstance(value, collections.abc.Mapping):
+      return False
+    if len(args) != 2:
+      return True
+    return all(_matches(k, args[0]) and _matches(v, args[1]) for k, v in value.items())
+  if origin is collections.abc.Callable or hint is collections.abc.Callable:
+    return callable(value)
+  if origin is not None:
+    hint = origin
+  if isinstance(hint, type):
+    try:
+      return isinstance(value, hint)
+    except TypeError:
+      return True
+  return True  # a TypeVar, a string left unresolved, ...: not checked
+
+
+def describe_type(hint: Any) -> str:
+  """A short human-readable form of an annotation: "int", "float or None", "tuple of int"."""
+  if hint is None or hint is type(None):
+    return "None"
+  origin, args = typing.get_origin(hint), typing.get_args(hint)
+  if origin is typing.Union or origin is types.UnionType:
+    return " or ".join(describe_type(arg) for arg in args)
+  if origin is typing.Literal:
+    return "one of " + ", ".join(repr(arg) for arg in args)
+  if origin is tuple:
+    if len(args) == 2 and args[1] is Ellipsis:
+      return f"tuple of {describe_type(args[0])}"
+    return f"tuple ({', '.join(describe_type(a) for a in args)})" if args else "tuple"
+  if origin in (list, collections.abc.Sequence, collections.abc.MutableSequence):
+    return f"sequence of {describe_type(args[0])}" if args else "sequence"
+  if origin in (dict, collections.abc.Mapping, collections.abc.MutableMapping):
+    if len(args) != 2:
+      return "mapping"
+    if args[1] is Any:
+      return f"mapping with {describe_type(args[0])} keys"
+    return f"mapping of {describe_type(args[0])} to {describe_type(args[1])}"
+  if origin is collections.abc.Callable or hint is collections.abc.Callable:
+    return "callable"
+  if isinstance(hint, type):
+    return configurable_name(hint) if dataclasses.is_dataclass(hint) else hint.__name__
+  return str(hint).replace("typing.", "")
+
+
+def _bound_values() -> dict[tuple[str, str], dict[str, Any]]:
+  """A shallow copy of gin's bindings, {(scope, selector): {parameter: value}}.
+
+  gin offers no public way to list every binding; `gin.config._CONFIG` is the one place they
+  all live (gin's own finalize hooks are handed this same object).
+  """
+  return {key: dict(values) for key, values in gin.config._CONFIG.items()}  # pylint: disable=protected-access
+
+
+def _check_bound_types(before: dict[tuple[str, str], dict[str, Any]], source: str) -> None:
+  """Checks the literal values `source` bound to config dataclass fields against their types.
+
+  Values holding a reference or macro are left to `check_field_types` at construction.
+  """
+  for key, values in _bound_values().items():
+    old = before.get(key, {})
+    for parameter, value in values.items():
+      if parameter in old and old[parameter] is value:
+        continue
+      cls = _dataclass_of(key[1])
+      if cls is None or _holds_reference(value):
+        continue
+      hint = _field_hints(cls).get(parameter)
+      if hint is not None and not _matches(value, hint):
+        raise ConfigTypeError(f"{source}: {type_error_message(cls, parameter, value, hint)}")
+
+
+def _dataclass_of(selector: str) -> type | None:
+  try:
+    wrapped = gin.get_configurable(selector)
+  except Exception:  # pylint: disable=broad-except
+    return None
+  # gin's class wrapper may be a subclass; the dataclass it wraps is the first one in the MRO.
+  for cls in getattr(wrapped, "__mro__", ()):
+    if dataclasses.is_dataclass(cls) and "__dataclass_fields__" in vars(cls):
+      return cls
+  return None
+
+
+def _holds_reference(value: Any) -> bool:
+  if isinstance(value, gin.config.ConfigurableReference):
+    return True
+  if isinstance(value, (tuple, list, set, frozenset)):
+    return any(_holds_reference(item) for item in value)
+  if isinstance(value, dict):
+    return any(_holds_reference(k) or _holds_reference(v) for k, v in value.items())
+  return False

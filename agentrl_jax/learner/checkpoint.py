@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from agentrl_jax import config_errors
 from agentrl_jax import files
 
 PyTree = Any
@@ -76,6 +77,7 @@ class CheckpointConfig:
   max_to_keep: int = 3
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     if self.max_to_keep < 1:
       raise ValueError(f"max_to_keep must be >= 1, got {self.max_to_keep!r}")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from agentrl_jax import config_errors
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig:
@@ -43,6 +45,7 @@ class TrainConfig:
   max_staleness: int = 0
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     if self.max_staleness not in (0, 1):
       raise ValueError(f"TrainConfig.max_staleness must be 0 (synchronous) or 1 (one batch "
                        f"ahead), got {self.max_staleness}")
@@ -70,6 +73,7 @@ class OptimConfig:
   max_grad_norm: float = 1.0
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     if self.learning_rate <= 0:
       raise ValueError(f"OptimConfig.learning_rate must be > 0, got {self.learning_rate}")
     if self.end_learning_rate is not None and self.end_learning_rate < 0:
@@ -96,6 +100,7 @@ class WarmStartConfig:
   learning_rate: float = 1e-3
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     if self.iterations < 0 or self.episodes_per_iteration < 1:
       raise ValueError(f"WarmStartConfig: iterations >= 0 and episodes_per_iteration >= 1, got "
                        f"{self.iterations}, {self.episodes_per_iteration}")
@@ -124,6 +129,7 @@ class EvalConfig:
   env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     if self.every < 1 or self.num_tasks < 1 or self.pass_k < 0 or self.pass_k_tasks < 0:
       raise ValueError(f"EvalConfig: invalid sizes every={self.every}, num_tasks={self.num_tasks}, "
                        f"pass_k={self.pass_k}, pass_k_tasks={self.pass_k_tasks}")

@@ -23,6 +23,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from agentrl_jax import config_errors
 from agentrl_jax.models import hf
 from agentrl_jax.models import transformer
 
@@ -46,6 +47,7 @@ class LoRAConfig:
   targets: tuple[str, ...] = ("wq", "wk", "wv", "wo")
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     if self.rank < 1:
       raise ValueError(f"LoRAConfig.rank must be >= 1, got {self.rank}")
     if self.alpha <= 0:

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from agentrl_jax import config_errors
 from agentrl_jax.models import attention
 
 # Logical axis names (DESIGN.md "Models and sharding").
@@ -60,6 +61,7 @@ class TransformerConfig:
   experts_per_token: int = 2
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     for name in ("vocab_size", "num_layers", "d_model", "num_heads", "max_turns", "max_slots"):
       if getattr(self, name) <= 0:
         raise ValueError(f"TransformerConfig.{name} must be positive, got {getattr(self, name)}")

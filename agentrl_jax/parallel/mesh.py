@@ -12,6 +12,8 @@ from typing import Sequence
 
 import jax
 
+from agentrl_jax import config_errors
+
 DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
 AXES = (DATA, FSDP, TENSOR)
 
@@ -25,6 +27,7 @@ class MeshConfig:
   tensor: int = 1
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     sizes = self.sizes
     if any(s == 0 or s < -1 for s in sizes):
       raise ValueError(f"MeshConfig sizes must be positive or -1, got {dict(zip(AXES, sizes))}")

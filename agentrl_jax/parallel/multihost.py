@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 import jax
 import numpy as np
 
+from agentrl_jax import config_errors
 from agentrl_jax.parallel import rules as rules_lib
 
 T = TypeVar("T")
@@ -41,6 +42,7 @@ class MultihostConfig:
   local_device_ids: tuple[int, ...] | None = None
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     explicit = (self.num_processes, self.process_id)
     if self.coordinator_address is not None and None in explicit:
       raise ValueError("MultihostConfig: coordinator_address needs num_processes and process_id, got "

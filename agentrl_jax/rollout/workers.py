@@ -26,6 +26,7 @@ import numbers
 import time
 from typing import Any, Callable, Sequence
 
+from agentrl_jax import config_errors
 from agentrl_jax.envs import base as envs_base
 
 
@@ -79,6 +80,7 @@ class WorkerConfig:
   startup_timeout_s: float = 120.0
 
   def __post_init__(self):
+    config_errors.check_field_types(self)
     if self.kind not in ("thread", "process"):
       raise ValueError(f"WorkerConfig.kind must be 'thread' or 'process', got {self.kind!r}")
     if self.num_threads < 0:
