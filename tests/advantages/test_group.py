@@ -1,6 +1,7 @@
 """Tests for agentrl_jax.advantages.group."""
 
 import collections
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -207,3 +208,142 @@ def test_contiguous_groups_match_segment_version():
       np.testing.assert_allclose(got, want, atol=1e-5)
   with pytest.raises(ValueError, match="groups of 4"):
     group.contiguous_group_relative_advantages(jnp.zeros(6), 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Precision at large offsets (issue #21) and the contiguous-layout fast path (issue #23).
+
+U = 2.0**-14  # the float32 spacing in [512, 1024)
+
+
+def _float64_reference(scores, group_id, weights=None, eps=1e-6):
+  """Vectorised NumPy float64 GRPO, Dr.GRPO and RLOO (bincount sums; n = 1 rules as in verl)."""
+  s = np.asarray(scores, np.float64)
+  g = np.asarray(group_id)
+  w = np.ones_like(s) if weights is None else np.asarray(weights, np.float64)
+  size = g.max() + 1
+  count = np.bincount(g, weights=w, minlength=size)
+  mean = np.bincount(g, weights=w * s, minlength=size) / np.maximum(count, 1e-300)
+  squares = np.bincount(g, weights=w * (s - mean[g]) ** 2, minlength=size)
+  std = np.sqrt(squares / np.maximum(count - 1, 1e-300))
+  n, dev, sd = count[g], s - mean[g], std[g]
+  alone = n <= 1
+  grpo = np.where(alone, s / (1 + eps), dev / (np.where(alone, 1.0, sd) + eps))
+  dr = np.where(alone, s, dev)
+  rloo = np.where(alone, s, dev * n / np.maximum(n - 1, 1e-300))
+  return [np.where(w > 0, x, 0.0) for x in (grpo, dr, rloo)]
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["nojit", "jit"])
+@pytest.mark.parametrize("group_id", [[0, 0, 0], [1, 1, 1]], ids=["contiguous", "segment"])
+def test_offset_group_keeps_the_precision_of_its_spread(jit, group_id):
+  # s = 1000 + [0, u, u], u = 2^-14: exact mean 1000 + 2u/3, deviations [−2u/3, u/3, u/3],
+  # unbiased std sqrt(((2u/3)² + 2(u/3)²)/2) = u/√3, so GRPO (eps = 0) gives [−2/√3, 1/√3, 1/√3]
+  # and RLOO (×3/2) gives [−u, u/2, u/2]. The float32 sum 3000 + 2u rounds to a multiple of 4u,
+  # so a mean taken from it is off by u/3 or 2u/3 — as large as the deviations themselves.
+  scores = np.float32(1000.0) + np.array([0.0, U, U], np.float32)
+  gid = np.array(group_id, np.int32)
+  grpo = _maybe_jit(group.group_relative_advantages, jit, num_groups=2, eps=0.0)
+  dr = _maybe_jit(group.group_relative_advantages, jit, num_groups=2, normalize_by_std=False)
+  rloo = _maybe_jit(group.leave_one_out_advantages, jit, num_groups=2)
+  np.testing.assert_allclose(grpo(scores, gid), np.array([-2, 1, 1]) / 3**0.5, rtol=1e-5)
+  np.testing.assert_allclose(dr(scores, gid), np.array([-2, 1, 1]) * U / 3, rtol=1e-5)
+  np.testing.assert_allclose(rloo(scores, gid), np.array([-1, 0.5, 0.5]) * U, rtol=1e-5)
+  stats = _maybe_jit(group.group_statistics, jit, num_groups=2)(scores, gid)
+  np.testing.assert_allclose(stats.std[gid[0]], U / 3**0.5, rtol=1e-5)
+
+
+def _large_batch(rng, rows, contiguous):
+  """10^6-row batch: groups of 8, alternating offset 1000 with a 1e-4 spread and unit scale;
+  every 97th group is constant but for one row 0.75 × its scale away (7.5e-5 at offset 1000)."""
+  n = 8
+  num = rows // n
+  offset = np.where(np.arange(num) % 2 == 0, 1000.0, 0.0)
+  scale = np.where(np.arange(num) % 2 == 0, 1e-4, 1.0)
+  noise = rng.standard_normal((num, n))
+  noise[::97, 2:] = 0.0
+  noise[::97, :2] = [0.0, 0.75]
+  scores = (offset[:, None] + scale[:, None] * noise).astype(np.float32).reshape(-1)
+  gid = (np.arange(rows) // n).astype(np.int32)
+  if not contiguous:
+    perm = rng.permutation(rows)
+    scores, gid = scores[perm], gid[perm]
+  return scores, gid
+
+
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "segment"])
+def test_million_rows_match_float64_reference(contiguous):
+  rows = 10**6
+  scores, gid = _large_batch(np.random.default_rng(0), rows, contiguous)
+  weights = (np.random.default_rng(1).random(rows) > 0.1).astype(np.float32)
+  for w in (None, weights):
+    want_grpo, want_dr, want_rloo = _float64_reference(scores, gid, w)
+    # Host ids: the layout is found on the host, no jit needed (and no branches to compile).
+    np.testing.assert_allclose(group.group_relative_advantages(scores, gid, weights=w),
+                               want_grpo, atol=1e-4)
+    np.testing.assert_allclose(
+        group.group_relative_advantages(scores, gid, normalize_by_std=False, weights=w),
+        want_dr, atol=1e-4)
+    np.testing.assert_allclose(group.leave_one_out_advantages(scores, gid, weights=w),
+                               want_rloo, atol=1e-4)
+  # Under jit the layout is found at run time (lax.switch).
+  got = jax.jit(group.group_relative_advantages)(jnp.asarray(scores), jnp.asarray(gid),
+                                                 weights=jnp.asarray(weights))
+  np.testing.assert_allclose(got, want_grpo, atol=1e-4)
+
+
+def test_contiguous_group_size_on_host():
+  assert group.contiguous_group_size(np.arange(12) // 4) == 4
+  assert group.contiguous_group_size(np.arange(12)) == 1
+  assert group.contiguous_group_size(np.array([0, 0, 1, 1, 1, 2])) is None  # unequal sizes
+  assert group.contiguous_group_size(np.array([0, 1, 0, 1])) is None  # interleaved
+  assert group.contiguous_group_size(np.array([1, 1, 2, 2])) is None  # does not start at 0
+  assert group.contiguous_group_size(np.array([0, 0, 0, 1, 1])) is None  # 2 ∤ 5
+
+
+@pytest.mark.parametrize("ids", [
+    np.arange(24) // 4,  # contiguous, n = 4: the reshape branch
+    np.arange(24) // 6,  # n = 6
+    np.r_[np.arange(20) // 4, [5, 5, 5, 5]],  # contiguous but its ids reach 5 < G = 6: reshape
+    np.r_[[0, 0, 0], np.arange(3, 24) // 3],  # sorted, first group of 3 then of 3: n = 3
+    np.r_[[0, 0, 0, 0, 0], np.arange(5, 24) // 4 + 1],  # sorted, unequal sizes: segments
+    (np.arange(24) // 4)[::-1].copy(),  # groups side by side but in reverse order: segments
+    np.r_[np.arange(23) // 4, [6]],  # last id is out of range under jit: NaN, not a reshape
+], ids=["n4", "n6", "n4-again", "n3", "unequal", "reversed", "out-of-range"])
+def test_fast_path_equals_segment_path(ids):
+  rng = np.random.default_rng(0)
+  scores = (rng.standard_normal(24) + 100).astype(np.float32)
+  weights = (rng.random(24) > 0.3).astype(np.float32)
+  gid = ids.astype(np.int32)
+  for w in (None, weights):
+    want = group._segment_deviations(jnp.asarray(scores), jnp.asarray(gid), 6,
+                                     None if w is None else jnp.asarray(w))
+    got = jax.jit(functools.partial(group.group_deviations, num_groups=6))(scores, gid, weights=w)
+    for name, a, b in zip(want._fields, got, want):
+      np.testing.assert_allclose(a, b, atol=1e-5, err_msg=name)
+    if np.all(gid < 6):  # host inputs are checked, so only in-range ids go through here
+      host = group.group_deviations(scores, gid, 6, w)
+      for name, a, b in zip(want._fields, host, want):
+        np.testing.assert_allclose(a, b, atol=1e-5, err_msg=name)
+  assert np.isnan(got.deviation[-1]) == (gid[-1] >= 6)
+
+
+def test_traced_detection_picks_the_group_size():
+  detect = jax.jit(group._traced_contiguous_group_size)
+  assert int(detect(jnp.arange(24, dtype=jnp.int32) // 4)) == 4
+  assert int(detect(jnp.asarray(np.r_[[0, 0, 0, 0, 0], np.arange(5, 24) // 4 + 1],
+                                jnp.int32))) == 0
+  assert int(detect(jnp.asarray([0, 1, 0, 1], jnp.int32))) == 0
+  assert int(detect(jnp.asarray([0, 0, 0, -1], jnp.int32))) == 0
+
+
+def test_fast_path_gradient_matches_segment_path():
+  rng = np.random.default_rng(2)
+  scores = jnp.asarray(rng.standard_normal(12).astype(np.float32))
+  gid = np.arange(12, dtype=np.int32) // 4  # host ids: the reshape path, found on the host
+  loss = lambda s, g: jnp.sum(jnp.sin(group.leave_one_out_advantages(s, g)))
+  segment = lambda s, g: jnp.sum(jnp.sin(
+      jnp.where(group._segment_deviations(s, g, 12, None).count > 1,
+                group._segment_deviations(s, g, 12, None).deviation * 4 / 3, s)))
+  np.testing.assert_allclose(jax.grad(loss)(scores, gid), jax.grad(segment)(scores, gid),
+                             atol=1e-5)

@@ -298,3 +298,51 @@ def test_similar_anchor_ids_cluster_near_duplicates_within_groups():
   np.testing.assert_array_equal(exact[1], [2, 3, -1])
   with pytest.raises(ValueError, match="max_turns"):
     step.similar_anchor_ids(observations, [0, 0, 1], max_turns=1)
+
+
+def _gigpo_float64(scores, returns, anchors, gid, mode, eps=1e-6):
+  """Vectorised float64 GiGPO on a full turn mask (episode stats over step rows), by bincount."""
+  b, n = returns.shape
+  normalize = mode == "mean_std_norm"
+
+  def norm(x, key):
+    _, inverse = np.unique(key, return_inverse=True)
+    count = np.bincount(inverse)
+    mean = np.bincount(inverse, weights=x) / count
+    std = np.sqrt(np.bincount(inverse, weights=(x - mean[inverse]) ** 2)
+                  / np.maximum(count - 1, 1))
+    out = x - mean[inverse]
+    return (out / (std[inverse] + eps) if normalize else out), count[inverse]
+
+  rows_gid = np.repeat(gid, n)
+  episode, _ = norm(np.repeat(scores.astype(np.float64), n), rows_gid)
+  step_adv, count = norm(returns.astype(np.float64).reshape(-1),
+                         rows_gid.astype(np.int64) << 32 | anchors.reshape(-1).astype(np.int64))
+  step_adv = np.where(count > 1, step_adv, 0.0)
+  return episode.reshape(b, n) + step_adv.reshape(b, n)
+
+
+@pytest.mark.parametrize("mode", ["mean_norm", "mean_std_norm"])
+def test_gigpo_million_step_rows_at_large_offset_match_float64(mode):
+  # Issue #21: step groups whose returns sit at 1000 with a 1e-4 spread. γ = 1 and a single
+  # reward on the last turn make every return equal that reward exactly in float32, so the
+  # comparison isolates the group statistics. Anchor k is shared by the 8 episodes of a group
+  # (8-row step groups); for k ≥ 8, episodes 0 and 1 of each group share a state of their own
+  # (two-row step groups) and the others are alone (step advantage 0).
+  b, n, size = 62_504, 16, 8  # 1,000,064 step rows
+  rng = np.random.default_rng(0)
+  gid = (np.arange(b) // size).astype(np.int32)
+  final = (1000.0 + 1e-4 * rng.standard_normal(b)).astype(np.float32)
+  rewards = np.zeros((b, n), np.float32)
+  rewards[:, -1] = final
+  scores = (1000.0 + 1e-4 * rng.standard_normal(b)).astype(np.float32)
+  member = np.arange(b) % size
+  turn = np.arange(n)[None, :]
+  anchors = np.where(turn < 8, turn, np.where(member[:, None] < 2, 1000 + turn,
+                                             2000 + 100 * member[:, None] + turn)).astype(np.int32)
+  mask = np.ones((b, n), bool)
+  got = GIGPO(jnp.asarray(scores), jnp.asarray(rewards), jnp.asarray(anchors), jnp.asarray(mask),
+              jnp.asarray(gid), num_groups=b // size, discount=1.0, mode=mode)
+  returns = np.repeat(final[:, None], n, axis=1)
+  want = _gigpo_float64(scores, returns, anchors, gid, mode)
+  np.testing.assert_allclose(got.advantages, want, atol=1e-4)
