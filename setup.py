@@ -56,8 +56,11 @@ _EXTRAS = {
     "envs": _LIGHT_ENVS + ["textworld==1.7.0", "textworld-express==1.1.0"],
     # models/hf.py reads and writes safetensors itself; transformers and torch serve the logit
     # parity tests and bench/models.py, tokenizers the tokenizer.json path. torch is pinned: an
-    # unpinned torch resolves to a multi-GB CUDA build.
-    "hf": ["transformers", "safetensors", "tokenizers", "torch==2.13.0"],
+    # unpinned torch resolves to a multi-GB CUDA build. gguf reads and dequantizes .gguf files and
+    # jinja2 renders their chat templates (models/gguf.py); accelerate is what transformers needs
+    # to load a GGUF file as the tests' reference.
+    "hf": ["transformers", "safetensors", "tokenizers", "torch==2.13.0", "gguf", "jinja2",
+           "accelerate"],
     # A gs:// workdir: etils.epath reaches Cloud Storage through gcsfs (configs, metrics,
     # reports); tensorboardX writes its event files there with google-cloud-storage.
     "tpu": ["jax[tpu]>=0.10", "gcsfs", "google-cloud-storage"],

@@ -50,6 +50,20 @@ class HFTokenizer:
     self.source = path
     self._tok = tokenizers.Tokenizer.from_file(path)
 
+  @classmethod
+  def from_tokenizer(cls, tokenizer, source: str) -> "HFTokenizer":
+    """Wraps an already built `tokenizers.Tokenizer` (e.g. one made from GGUF metadata).
+
+    Args:
+      tokenizer: the `tokenizers.Tokenizer`; used as is, so it must add no special tokens of its
+        own that `encode` should not produce (`encode` passes add_special_tokens=False anyway).
+      source: where it came from, for error messages.
+    """
+    wrapper = cls.__new__(cls)
+    wrapper.source = source
+    wrapper._tok = tokenizer
+    return wrapper
+
   @property
   def vocab_size(self) -> int:
     return self._tok.get_vocab_size(with_added_tokens=True)
