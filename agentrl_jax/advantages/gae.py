@@ -6,6 +6,7 @@ over tokens `[B, L]` (mask = `action_mask`) and over turns `[B, N]` (mask = `tur
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import chex
@@ -124,11 +125,18 @@ def _integer_power(base: Array, exponent: Array, max_exponent: int) -> Array:
   return out
 
 
+def _is_static_scalar(x) -> bool:
+  return isinstance(x, (int, float, np.floating, np.integer))
+
+
 def _blocked_supported(discount, lambda_) -> bool:
-  """Whether the "blocked" method applies: static scalar γ, λ with λ and γλ away from 0."""
-  scalars = all(isinstance(x, (int, float, np.floating, np.integer)) for x in (discount, lambda_))
-  return (scalars and float(lambda_) >= _MIN_BLOCKED_LAMBDA
-          and float(discount) * float(lambda_) >= _MIN_BLOCKED_RHO)
+  """Whether the "blocked" method applies: a static scalar λ ≥ 0.5, and γ either a static scalar
+  with γλ ≥ 1e-3 or an array (per-step discounts, `_gae_blocked_varying`)."""
+  if not _is_static_scalar(lambda_) or float(lambda_) < _MIN_BLOCKED_LAMBDA:
+    return False
+  if _is_static_scalar(discount):
+    return float(discount) * float(lambda_) >= _MIN_BLOCKED_RHO
+  return True
 
 
 def _block_counts(mask: Array) -> tuple[Array, Array]:
@@ -201,6 +209,87 @@ def _gae_blocked(rewards, values, mask, discount: float, lambda_: float, block: 
   return unpad(advantages), unpad(returns)
 
 
+def _gae_blocked_varying(rewards, values, mask, discount, lambda_: float, block: int = BLOCK):
+  """`_gae_blocked` with per-step discounts `γ_t` (episodes that end inside a row), same layout.
+
+  With `c_t = γ_t·λ` on masked steps and 1 elsewhere, `Z_t = u_t + c_t·Z_next` as in
+  `_gae_blocked`. A terminal step has `c_t = 0`, so a block holds several independent segments.
+  With `p_t = Π_{i<t in block, c_i ≠ 0} c_i` (a prefix sum of `log c` by one triangular matmul,
+  then `exp`), `e_t` the first zero of `c` at or after `t` in the block and
+  `S_t = Σ_{j ≥ t in block} p_j·m_j·u_j` (a second matmul),
+
+      Z_t = (S_t − S_{e_t + 1}) / p_t  +  [no zero in [t, block)] · (p_block / p_t) · Z_next_block,
+
+  exact for every zero pattern: `S_{e_t+1}` removes the later segments, so no product crosses a
+  zero and `p_t` is never 0. `e_t` comes from the zero flags packed into one integer per block
+  (a count of trailing zeros), `S_{e_t+1}` from a gather inside the block. `p_t ≥ c_min^(block−1)`
+  must stay a normal float32, so non-zero `c_t` below 1e-3 send the whole call (a `lax.cond`)
+  to the time scan, which is exact for any discount.
+  """
+  dtype = rewards.dtype
+  batch, length = rewards.shape
+  pad = (-length) % block
+  if pad:
+    widths = ((0, 0), (0, pad))
+    rewards, values, mask, discount = (jnp.pad(x, widths) for x in (rewards, values, mask,
+                                                                    discount))
+  padded = length + pad
+  rows = batch * padded // block
+  r, v, m, g = (x.reshape(rows, block) for x in (rewards, values, mask, discount))
+  kappa = jnp.asarray((1.0 - lambda_) / lambda_, dtype)
+  c = jnp.where(m, g * jnp.asarray(lambda_, dtype), 1.0)
+  zero = c == 0
+  log_c = jnp.log(jnp.where(zero, 1.0, c))
+  highest = jax.lax.Precision.HIGHEST
+  before = jnp.triu(jnp.ones((block, block), dtype), 1)  # [i, t] = [i < t]
+  at_or_after = jnp.tril(jnp.ones((block, block), dtype))  # [j, t] = [j ≥ t]
+  log_p = jnp.matmul(log_c, before, precision=highest)
+  p = jnp.exp(log_p)
+  p_block = jnp.exp(log_p[:, -1] + log_c[:, -1])
+  suffix = jnp.matmul(jnp.where(m, p * (r + kappa * v), 0.0), at_or_after, precision=highest)
+  # Bit t of `flags` is set where c_t = 0; exact powers of two, so the matvec is an exact integer.
+  flags = jnp.matmul(zero.astype(dtype), 2.0 ** jnp.arange(block, dtype=dtype),
+                     precision=highest).astype(jnp.int32)
+  position = jnp.arange(block, dtype=jnp.int32)
+  later = flags[:, None] >> position  # bit 0: c_t = 0; bit k: c_{t+k} = 0
+  first_zero = jax.lax.population_count((later & -later) - 1)  # trailing zeros of `later`
+  cut = jnp.where(later == 0, block, position + first_zero + 1)
+  cut_sum = jnp.take_along_axis(
+      jnp.concatenate([suffix, jnp.zeros((rows, 1), dtype)], axis=1), cut, axis=1)
+  local = (suffix - cut_sum) / p
+  reach = jnp.where(later == 0, p_block[:, None] / p, 0.0)
+
+  def next_block(z_after, head_and_reach):
+    h, d = head_and_reach
+    return h + d * z_after, z_after
+
+  _, z_after = jax.lax.scan(next_block, jnp.zeros((batch,), dtype),
+                            (local[:, 0].reshape(batch, -1).T, reach[:, 0].reshape(batch, -1).T),
+                            reverse=True)
+  z = local + reach * z_after.T.reshape(rows)[:, None]
+  advantages = jnp.where(m, z - v / lambda_, 0.0)
+  returns = jnp.where(m, advantages + v, 0.0)
+
+  def unpad(x):
+    return x.reshape(batch, padded)[:, :length]
+
+  return unpad(advantages), unpad(returns)
+
+
+def _gae_blocked_or_scan(rewards, values, mask, discount, lambda_: float):
+  """`_gae_blocked_varying` unless a non-zero `γ_t·λ` is below 1e-3; then the exact time scan."""
+  c = discount * lambda_
+  supported = jnp.all((c == 0) | (c >= _MIN_BLOCKED_RHO) | ~mask)
+
+  def scan(r, v, m, g):
+    advantages = _gae_scan(r, v, m, g, jnp.asarray(lambda_, r.dtype))
+    advantages = jnp.where(m, advantages, 0.0)
+    return advantages, jnp.where(m, advantages + v, 0.0)
+
+  return jax.lax.cond(supported, functools.partial(_gae_blocked_varying, lambda_=lambda_), scan,
+                      rewards, values, mask, discount)
+
+
 def generalized_advantage_estimation(
     rewards: Array,
     values: Array,
@@ -243,9 +332,10 @@ def generalized_advantage_estimation(
     lambda_: λ, a scalar or an array broadcastable to `[B, T]`.
     method: "scan" (reverse `lax.scan` over time, the batch as the vector dimension),
       "associative" (`lax.associative_scan`, two affine recurrences in O(log T) depth), "blocked"
-      (`_gae_blocked`: a block matmul and a scan over T/8 block heads; needs static scalar γ, λ
-      with λ ≥ 0.5 and γλ ≥ 1e-3), or "auto" (the default: "blocked" where it applies and
-      T ≥ 64, else "scan"). All agree to float rounding (1e-5 on unit-scale inputs). On CPU at
+      (`_gae_blocked`: a block matmul and a scan over T/8 block heads; needs a static scalar
+      λ ≥ 0.5, and γ a static scalar with γλ ≥ 1e-3 or an array of per-step discounts, for which
+      `_gae_blocked_varying` solves each block exactly across terminal steps), or "auto" (the
+      default: "blocked" where it applies and T ≥ 64, else "scan"). All agree to float rounding (1e-5 on unit-scale inputs). On CPU at
       [4096, 512] "blocked" is the fastest and "associative" the slowest (bench/advantages.py).
 
   Returns:
@@ -256,8 +346,9 @@ def generalized_advantage_estimation(
   blocked = _blocked_supported(discount, lambda_)
   if method == "blocked" and not blocked:
     raise ValueError(
-        f"method 'blocked' needs Python scalars lambda_ >= {_MIN_BLOCKED_LAMBDA} and "
-        f"discount·lambda_ >= {_MIN_BLOCKED_RHO}; got discount={discount!r}, lambda_={lambda_!r}")
+        f"method 'blocked' needs a Python scalar lambda_ >= {_MIN_BLOCKED_LAMBDA} and a discount "
+        f"array or a Python scalar with discount·lambda_ >= {_MIN_BLOCKED_RHO}; got "
+        f"discount={discount!r}, lambda_={lambda_!r}")
   if method == "auto":
     # Short sequences (turn-level GAE) gain nothing from blocks; the scan is exact there.
     long_enough = jnp.ndim(rewards) == 2 and jnp.shape(rewards)[1] >= _MIN_BLOCKED_LENGTH
@@ -265,8 +356,12 @@ def generalized_advantage_estimation(
   static_discount, static_lambda = discount, lambda_
   rewards, values, mask, discount, lambda_ = _prepare(rewards, values, mask, discount, lambda_)
   if method == "blocked":
-    advantages, returns = _gae_blocked(
-        rewards, values, mask, float(static_discount), float(static_lambda))
+    if _is_static_scalar(static_discount):
+      advantages, returns = _gae_blocked(
+          rewards, values, mask, float(static_discount), float(static_lambda))
+    else:
+      advantages, returns = _gae_blocked_or_scan(
+          rewards, values, mask, jnp.broadcast_to(discount, rewards.shape), float(static_lambda))
     return GAEOutput(advantages=advantages, returns=returns)
   kernel = _gae_scan if method == "scan" else _gae_associative
   advantages = kernel(rewards, values, mask, discount, lambda_)

@@ -13,15 +13,23 @@ from agentrl_jax.advantages import gae
 B, L = 3, 9
 METHODS = ("scan", "associative", "blocked")
 # Jitted once per method and reused, so equal shapes across tests share one compile. Scalar γ, λ
-# are static (the blocked method needs them as Python numbers); array ones are traced.
+# are static (the blocked method needs a Python-number λ); array ones are traced.
 _STATIC = {m: jax.jit(functools.partial(gae.generalized_advantage_estimation, method=m),
                       static_argnums=(3, 4)) for m in METHODS}
 _TRACED = {m: jax.jit(functools.partial(gae.generalized_advantage_estimation, method=m))
            for m in METHODS}
 
 
+_STATIC_LAMBDA = {m: jax.jit(functools.partial(gae.generalized_advantage_estimation, method=m),
+                             static_argnums=4) for m in METHODS}
+
+
 def run_gae(method, rewards, values, mask, discount, lambda_):
-  table = _STATIC if np.isscalar(discount) and np.isscalar(lambda_) else _TRACED
+  if np.isscalar(lambda_):
+    # The blocked method takes an array discount with a static λ (per-step termination).
+    table = _STATIC if np.isscalar(discount) else _STATIC_LAMBDA
+  else:
+    table = _TRACED
   return table[method](rewards, values, mask, discount, lambda_)
 
 
@@ -91,8 +99,6 @@ def test_matches_numpy_loop(method):
     # Per-token discounts exercise the array form (termination inside the row).
     discount = (0.97 * (rng.rand(B, L) > 0.2)).astype(np.float32)
     for gamma, lam in [(0.9, 0.8), (1.0, 1.0), (discount, 0.7)]:
-      if method == "blocked" and not np.isscalar(gamma):
-        continue  # array discounts are the scan's (test_blocked_needs_static_scalars)
       want_a, want_r = gae_loop(rewards, values, mask, gamma, lam)
       out = fn(rewards, values, mask, gamma, lam)
       np.testing.assert_allclose(out.advantages, want_a, atol=1e-5, err_msg=name)
@@ -190,12 +196,12 @@ def test_blocked_needs_static_scalars_and_auto_falls_back():
   values = rng.randn(2, 70).astype(np.float32)
   mask = np.ones((2, 70), bool)
   discount = np.full((2, 70), 0.9, np.float32)
-  with pytest.raises(ValueError, match="method 'blocked' needs Python scalars"):
-    gae.generalized_advantage_estimation(rewards, values, mask, discount, 0.9, method="blocked")
+  with pytest.raises(ValueError, match="method 'blocked' needs a Python scalar lambda_"):
+    gae.generalized_advantage_estimation(rewards, values, mask, 0.9, discount, method="blocked")
   with pytest.raises(ValueError, match=r"lambda_=0\.0"):
     gae.generalized_advantage_estimation(rewards, values, mask, 0.9, 0.0, method="blocked")
-  # "auto" takes the scan for an array discount, λ = 0 (TD(0)) and small λ: the results stay exact.
-  for gamma, lam in [(discount, 0.9), (0.9, 0.0), (0.9, 0.2)]:
+  # "auto" takes the scan for an array λ, λ = 0 (TD(0)) and small λ: the results stay exact.
+  for gamma, lam in [(0.9, discount), (0.9, 0.0), (0.9, 0.2)]:
     out = gae.generalized_advantage_estimation(rewards, values, mask, gamma, lam)
     want_a, _ = gae_loop(rewards, values, mask, gamma, lam)
     np.testing.assert_allclose(out.advantages, want_a, atol=1e-5)
@@ -262,3 +268,56 @@ def test_last_action_ends_moves_rewards_off_forced_tokens():
   rewards = gae.token_rewards(jnp.array([[1.0, 2.0], [0.0, 0.0]]), gae.last_action_ends(turn_end, mask),
                               jnp.ones((2, 2), bool), 8)
   np.testing.assert_array_equal(rewards[0], [0, 0, 1, 0, 0, 0, 2, 0])
+
+
+def _done_discounts(rng, b, t_len, gamma, done_rate):
+  """`γ·(1 − done)` with random done flags, plus the hard patterns for the blocked solve: a
+  block of zeros, two zeros in a row, a zero on a block's first and last step."""
+  done = rng.rand(b, t_len) < done_rate
+  done[0, 16:24] = True
+  done[1, 30:32] = True
+  done[2, 40] = done[2, 47] = True
+  return (gamma * (1.0 - done)).astype(np.float32)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["nojit", "jit"])
+@pytest.mark.parametrize("lam", [0.95, 0.5, 1.0])
+def test_blocked_per_step_discounts_match_loop(jit, lam):
+  # Episodes end inside rows (done flags at 5% and the patterns above), masks with holes; the
+  # blocked kernel must agree with the loop step for step, whatever the zeros' positions.
+  rng = np.random.RandomState(11)
+  b, t_len = 4, 8 * 12 + 3
+  rewards = rng.randn(b, t_len).astype(np.float32)
+  values = rng.randn(b, t_len).astype(np.float32)
+  discount = _done_discounts(rng, b, t_len, 0.99, 0.05)
+  for mask in (np.ones((b, t_len), bool), rng.rand(b, t_len) > 0.3):
+    want_a, want_r = gae_loop(rewards, values, mask, discount, lam)
+    fn = functools.partial(gae.generalized_advantage_estimation, lambda_=lam, method="blocked")
+    fn = jax.jit(fn) if jit else fn
+    out = fn(rewards, values, mask, discount)
+    np.testing.assert_allclose(out.advantages, want_a, atol=1e-5)
+    np.testing.assert_allclose(out.returns, want_r, atol=1e-5)
+
+
+def test_blocked_per_step_discount_hand_checked():
+  # One block, λ = 1, V = 0, r = 1 everywhere, γ_t = 0.5 but 0 at t = 2 and t = 5 (ends):
+  # A_t = Σ over the rest of its episode of 0.5^k: t=2: 1, t=1: 1.5, t=0: 1.75; t=5: 1, t=4: 1.5,
+  # t=3: 1.75; t=7 (row end, bootstrap 0): 1, t=6: 1.5.
+  discount = np.array([[0.5, 0.5, 0.0, 0.5, 0.5, 0.0, 0.5, 0.5]], np.float32)
+  out = gae._gae_blocked_or_scan(jnp.ones((1, 8)), jnp.zeros((1, 8)), jnp.ones((1, 8), bool),
+                                 jnp.asarray(discount), 1.0)
+  np.testing.assert_allclose(out[0], [[1.75, 1.5, 1.0, 1.75, 1.5, 1.0, 1.5, 1.0]], rtol=1e-6)
+
+
+def test_blocked_per_step_tiny_discount_falls_back_exactly():
+  # γ_t λ = 1e-6 (non-zero, below 1e-3): a block's products would leave float32's normal range,
+  # so the call takes the scan; the result is still the loop's.
+  rng = np.random.RandomState(12)
+  rewards, values = rng.randn(2, 80).astype(np.float32), rng.randn(2, 80).astype(np.float32)
+  mask = rng.rand(2, 80) > 0.2
+  discount = np.full((2, 80), 0.99, np.float32)
+  discount[:, 10:20] = 1e-6
+  want_a, _ = gae_loop(rewards, values, mask, discount, 0.9)
+  got = jax.jit(functools.partial(gae.generalized_advantage_estimation, lambda_=0.9))(
+      rewards, values, mask, discount)
+  np.testing.assert_allclose(got.advantages, want_a, atol=1e-5)

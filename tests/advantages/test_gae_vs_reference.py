@@ -49,3 +49,23 @@ def test_matches_rlax_with_termination():
   bootstrapped = np.concatenate([values, np.zeros((2, 1), np.float32)], axis=1)
   theirs = RLAX_GAE(rewards, discount, 0.9, bootstrapped)
   np.testing.assert_allclose(ours.advantages, theirs, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["blocked", "auto", "scan"])
+def test_matches_rlax_with_random_done_flags(method):
+  # Episodes ending mid-row: 2% done flags (plus consecutive ones) over rows of 8·16 + 5 steps.
+  # "auto" takes the blocked per-step-discount kernel here (static λ, T ≥ 64).
+  rng = np.random.RandomState(2)
+  b, t_len = 6, 8 * 16 + 5
+  rewards = rng.randn(b, t_len).astype(np.float32)
+  values = rng.randn(b, t_len).astype(np.float32)
+  done = rng.rand(b, t_len) < 0.02
+  done[0, 7:9] = done[1, 64:72] = True
+  discount = (0.99 * ~done).astype(np.float32)
+  ours = jax.jit(functools.partial(gae.generalized_advantage_estimation, lambda_=0.95,
+                                   method=method))(rewards, values, np.ones((b, t_len), bool),
+                                                   discount)
+  bootstrapped = np.concatenate([values, np.zeros((b, 1), np.float32)], axis=1)
+  theirs = RLAX_GAE(rewards, discount, 0.95, bootstrapped)
+  np.testing.assert_allclose(ours.advantages, theirs, atol=1e-5)
+  np.testing.assert_allclose(ours.returns, theirs + values, atol=1e-5)
