@@ -118,3 +118,24 @@ def test_state_dict_round_trip_and_validation():
     restored.load_state_dict({"step": 1})
   with pytest.raises(ValueError, match="location must be one of"):
     pearl.PearlMemory(location="everywhere")
+
+
+def test_recurrence_needs_two_training_steps():
+  # One training step with 2 failures of action 13 (rows 1 and 2) fills a cluster to n_min = 2,
+  # but it was seen in one step only: not recurring, so no strengthening. A second step makes it
+  # recurring (count 4, 2 steps): ρ = 4/10, factor 1 + 0.5·0.4 = 1.2 on the divergence turns.
+  traj = sibling_batch()
+  a = outcome_advantages(traj, [1.0, -1.0, -2.0])
+  memory = pearl.PearlMemory(min_count=2, update_memory=False)
+  lonely = jax.device_get(memory.decisions(traj))._replace(upper_success=np.zeros(3, bool))
+  memory.observe(lonely)
+  _, counts, distinct = memory.clusters()
+  assert counts.max() == 2 and distinct.max() == 1
+  assert not memory.memory_arrays().recurring.any()
+  np.testing.assert_array_equal(memory(traj, a), a)
+  memory.observe(lonely)
+  assert memory.memory_arrays().recurring.sum() == 1
+  expected = a.copy()
+  expected[1][(traj.turn_of_token[1] == 1) & traj.action_mask[1]] *= 1.2
+  expected[2][(traj.turn_of_token[2] == 2) & traj.action_mask[2]] *= 1.2
+  np.testing.assert_allclose(memory(traj, a), expected, atol=1e-6)
