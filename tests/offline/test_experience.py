@@ -79,6 +79,33 @@ def test_score_threshold_blocks_zero_advantage_episodes():
   assert lib.update(eps) == 0 and len(lib) == 0
 
 
+def test_score_is_damped_by_the_entries_already_under_the_key():
+  # Two episodes of one seed, returns 1 and 0: GRPO advantages ±0.5/(√0.5 + 1e-6), |Â| ≈ 0.70711.
+  # Each yields one candidate: under "fresh" (no entries yet) the score is |Â|/√1 = 0.70711; under
+  # "crowded" (3 entries) it is |Â|/√(1 + 3) = 0.35355 < θ_adm = 0.5, so only "fresh" is admitted.
+  lib = experience.ExperienceLibrary(
+      experience.LibraryConfig(admission_threshold=0.5, max_per_key=10),
+      extractor=lambda ep: [experience.Candidate(
+          "fresh" if ep.success else "crowded", experience.STRATEGY,
+          "tip: open the north door" if ep.success else "tip: read the old map")])
+  lib.entries = [experience.Entry("crowded", experience.FAILURE, f"avoid: pit number {i}", 0.01, 0)
+                 for i in ("one", "two", "three")]
+  steps = (experience.StepView(key="k", observation="o", action="a", action_valid=True,
+                               next_observation="o2", done=True),)
+  episodes = [experience.Episode(seed=0, steps=steps, ret=1.0, success=True),
+              experience.Episode(seed=0, steps=steps, ret=0.0, success=False)]
+  assert lib.update(episodes) == 1
+  (added,) = [e for e in lib.entries if e.step_added == 1]
+  assert added.key == "fresh"
+  np.testing.assert_allclose(added.score, 0.5 / (0.5**0.5 + 1e-6), rtol=1e-9)
+  # With a lower threshold the crowded candidate enters too, at half the fresh score.
+  lib.entries = lib.entries[:3]
+  lib.config = experience.LibraryConfig(admission_threshold=0.3, max_per_key=10)
+  assert lib.update(episodes) == 2
+  scores = {e.key: e.score for e in lib.entries if e.step_added == 2}
+  np.testing.assert_allclose(scores["crowded"], scores["fresh"] / 2, rtol=1e-9)
+
+
 def test_wrapper_with_empty_library_equals_base_env_and_injects_after_extraction():
   kw = {"size": 4, "hole_prob": 0.2, "max_turns": 10}
   env = registry.make("slea", env="frozenlake", env_kwargs=kw, library="test_wrapper",
