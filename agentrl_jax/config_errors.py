@@ -18,10 +18,12 @@ imports, not only the ones the files already bind.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import dataclasses
 import difflib
 import functools
 import inspect
+import logging
 import numbers
 import os
 import re
@@ -68,9 +70,34 @@ def parse_config(gin_files: Sequence[str], gin_bindings: Sequence[str], *,
     ConfigError: a file is missing, or a file or binding does not parse or names an unknown
       module, function or parameter. The message is one line.
   """
+  with _quiet_include_search():
+    _parse_files_and_bindings(gin_files, gin_bindings, search_paths, default_imports)
+
+
+class _IncludeSearchFilter(logging.Filter):
+  """Drops gin's "Path not found" errors: it logs one for every search path an `include` is not
+  under before it finds the file, which reads as a failure when nothing failed."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.pathname.endswith(os.path.join("gin", "resource_reader.py"))
+                and record.msg == "Path not found: %s")
+
+
+@contextlib.contextmanager
+def _quiet_include_search():
+  quiet = _IncludeSearchFilter()
+  logging.getLogger().addFilter(quiet)
+  try:
+    yield
+  finally:
+    logging.getLogger().removeFilter(quiet)
+
+
+def _parse_files_and_bindings(gin_files, gin_bindings, search_paths, default_imports) -> None:
   paths = [_find_gin_file(gin_file, search_paths) for gin_file in gin_files]
   _check_importable(default_imports)
-  for path in search_paths:
+  # A file's `include`s are also looked up beside it (base files next to the configs using them).
+  for path in _unique([*search_paths, *(os.path.dirname(os.path.abspath(p)) for p in paths)]):
     gin.add_config_file_search_path(path)
   file_imports = []
   for path in paths:
@@ -88,6 +115,20 @@ def parse_config(gin_files: Sequence[str], gin_bindings: Sequence[str], *,
     _parse_or_explain(lambda b=binding: gin.parse_config(f"{preamble}\n{b}"), source=source,
                       imports=imports)
     _check_bound_types(before, source)
+
+
+def require_bindings(start_from: str) -> None:
+  """Refuses a config that binds nothing: a launch without one trains nothing anyone chose.
+
+  Args:
+    start_from: what the message suggests instead, e.g. "--gin_file=experiments/configs/quickstart.gin".
+
+  Raises:
+    ConfigError: no file or binding parsed so far sets any value.
+  """
+  if not _bound_values():
+    raise ConfigError("the config binds nothing (no --gin_file or --gin_bindings sets a value); "
+                      f"start from the quickstart: {start_from}")
 
 
 def _check_importable(statements: Sequence[str]) -> None:

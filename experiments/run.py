@@ -3,8 +3,9 @@ r"""The entry point: flags -> gin config -> `learner.train(workdir=...)`.
   python experiments/run.py --gin_file=experiments/configs/quickstart.gin \
       --gin_bindings='learner.train.num_iterations = 20' --workdir=/tmp/quickstart
 
-Everything but the workdir is bound in gin (`learner.train.<arg> = ...`). A missing file or a
-misspelled binding fails before any compute with a one-line error naming it (exit status 2).
+Everything but the workdir is bound in gin (`learner.train.<arg> = ...`). A missing file, a
+misspelled binding, a value of the wrong type, a config that binds nothing or an unusable workdir
+fails before any compute with a one-line error naming it (exit status 2).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ LEARNER_MODULE = "agentrl_jax.learner.learner"
 # Command-line bindings may name `learner.train` even when no file imports it.
 DEFAULT_IMPORTS = ("from agentrl_jax.learner import learner",)
 RUNS_DIR = "runs"
+QUICKSTART_CONFIG = "experiments/configs/quickstart.gin"
 
 # The learner calls this after step 0; re-exported here as part of the entry point's API.
 write_operative_config = metrics.write_operative_config
@@ -65,7 +67,9 @@ def configure(args: argparse.Namespace) -> str:
   gin.clear_config()  # a second run in the same process must not inherit the first one's bindings
   config_errors.parse_config(args.gin_file, args.gin_bindings,
                              search_paths=args.gin_search_path, default_imports=DEFAULT_IMPORTS)
+  config_errors.require_bindings(f"--gin_file={QUICKSTART_CONFIG}")
   workdir = args.workdir or default_workdir(args.gin_file)
+  metrics.check_workdir(workdir)
   metrics.write_config(workdir)
   return workdir
 

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import socket
 import sys
 import time
 from typing import IO, Any, Mapping
@@ -20,12 +21,44 @@ import gin
 import tensorboardX
 import tqdm
 
+from agentrl_jax import config_errors
 from agentrl_jax import files
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 CONFIG_FILE = "config.gin"
 OPERATIVE_CONFIG_FILE = "operative_config.gin"
+
+
+def check_workdir(workdir: str | os.PathLike[str]) -> None:
+  """Makes `workdir` a directory this process can write, or says in one line why it cannot be.
+
+  Run at launch, before any compute, so a typo'd or read-only workdir does not surface as a
+  traceback after the model is built. An object-store workdir is left to its first write.
+
+  Raises:
+    config_errors.ConfigError: `workdir` is a file, cannot be created, or is not writable.
+  """
+  if files.is_remote(workdir):
+    return
+  path = os.fspath(workdir)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise config_errors.ConfigError(f"--workdir {path!r} is a file, not a directory")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise config_errors.ConfigError(
+        f"--workdir {path!r}: cannot create it ({e.strerror or e})") from e
+  # A real write, not os.access: root passes every permission check yet cannot write a
+  # read-only mount. Named per host and process, since hosts of one job share the workdir.
+  probe = os.path.join(path, f".write_probe.{socket.gethostname()}.{os.getpid()}")
+  try:
+    with open(probe, "w", encoding="utf-8"):
+      pass
+    os.remove(probe)
+  except OSError as e:
+    raise config_errors.ConfigError(
+        f"--workdir {path!r} is not writable ({e.strerror or e})") from e
 
 
 def write_config(workdir: str | os.PathLike[str]) -> str:
