@@ -132,7 +132,7 @@ def run(workdir: str, method: Method, state: Any, *, schedule: Schedule,
         warm_start: Callable[[Any], Any] | None = None,
         prepare: Callable[[Any], Mapping[str, float] | None] | None = None,
         stateful: Sequence[Stateful] = (), hooks: Sequence[hooks_lib.Hook] = (),
-        hook_event: Callable[..., hooks_lib.IterationEnd] | None = None,
+        hook_context: Mapping[str, Any] | None = None,
         evaluate_before: bool = True) -> Outcome:
   """Runs `method` from `state` (or from the workdir's checkpoint) to `schedule.num_iterations`.
 
@@ -149,7 +149,8 @@ def run(workdir: str, method: Method, state: Any, *, schedule: Schedule,
       are written at step 0.
     stateful: parts whose memory is checkpointed with the state.
     hooks: called after every iteration on the writing process.
-    hook_event: `(iteration, traj, metrics, evaluating) -> IterationEnd` for the hooks.
+    hook_context: the fields of every `hooks.IterationEnd` that do not change per iteration
+      (workdir, tokenizer, env_name, writer, pipeline).
     evaluate_before: evaluate the policy before any training (and before the warm start).
 
   Returns:
@@ -214,7 +215,8 @@ def run(workdir: str, method: Method, state: Any, *, schedule: Schedule,
         if done % schedule.log_every == 0 or last:
           writer.write(done, metrics)
         if hooks and multihost.is_writer():
-          event = hook_event(done, traj, metrics, evaluating)
+          event = hooks_lib.IterationEnd(iteration=done, traj=traj, metrics=metrics,
+                                         evaluating=evaluating, **hook_context)
           for hook in hooks:
             hook(event)
         progress.update(done, {**method.progress(metrics),

@@ -176,18 +176,15 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   method = OnlineMethod(rollouts=rollouts, update=update, device_mesh=device_mesh,
                         runners=(runner,))
 
-  def hook_event(done, traj, metrics, evaluating):
-    return hooks_lib.IterationEnd(
-        workdir=workdir, iteration=done, traj=traj, tokenizer=tok, metrics=metrics,
-        evaluating=evaluating, env_name=config.env_name, writer=writer, pipeline=own_pipeline)
-
   outcome = driver.run(
       workdir, method, state,
       schedule=driver.Schedule(num_iterations=config.num_iterations, log_every=config.log_every,
                                checkpoint_every=config.checkpoint_every,
                                eval_every=evaluation.every),
       evaluate=evaluate, writer=writer, warm_start=warm if warm_start.iterations else None,
-      stateful=stateful, hooks=hooks, hook_event=hook_event)
+      stateful=stateful, hooks=hooks,
+      hook_context=dict(workdir=workdir, tokenizer=tok, env_name=config.env_name, writer=writer,
+                        pipeline=own_pipeline))
   driver.print_summary(outcome, evaluation.num_tasks, evaluation.pass_k)
   return outcome
 

@@ -13,21 +13,25 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from agentrl_jax.advantages import step as step_advantages
+
 Array = Any
 
 
 def discounted_turn_return(reward: Array, turn_mask: Array, gamma: float) -> Array:
   """`G_b = Σ_k γ^k · r_{b,k}` over existing turns (k from 0; B.12 counts from 1, same value).
 
+  The return-to-go of the first turn (`advantages.step.step_returns`).
+
   Args:
     reward: [B, N] turn rewards, turns [0, N).
-    turn_mask: [B, N] which turns exist.
+    turn_mask: [B, N] which turns exist (a prefix of each row).
     gamma: turn discount in [0, 1].
   """
   chex.assert_rank([reward, turn_mask], 2)
   chex.assert_equal_shape([reward, turn_mask])
-  discount = gamma ** jnp.arange(reward.shape[1], dtype=jnp.float32)
-  return jnp.sum(jnp.where(turn_mask, reward, 0.0) * discount, axis=1)
+  returns = step_advantages.step_returns(jnp.asarray(reward, jnp.float32), turn_mask, gamma)
+  return jnp.where(jnp.any(turn_mask, axis=1), returns[:, 0], 0.0)
 
 
 def repetition_penalty(keys: Array, turn_mask: Array, coef: float) -> Array:

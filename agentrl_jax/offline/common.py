@@ -75,11 +75,6 @@ def drive(workdir: str, method: driver.Method, state: types.ActorCriticState, *,
         state, setup.graphdef, setup.tokenizer, setup.rollout, warm, config, setup.make_env,
         setup.allowed, setup.temperature, setup.model, writer)
 
-  def hook_event(done, traj, metrics, evaluating):
-    return hooks_lib.IterationEnd(
-        workdir=workdir, iteration=done, traj=traj, tokenizer=setup.tokenizer, metrics=metrics,
-        evaluating=evaluating, env_name=config.env_name, writer=writer, pipeline=None)
-
   outcome = driver.run(
       workdir, method, state,
       schedule=driver.Schedule(num_iterations=config.num_iterations, log_every=config.log_every,
@@ -87,7 +82,8 @@ def drive(workdir: str, method: driver.Method, state: types.ActorCriticState, *,
                                eval_every=evaluation.every),
       evaluate=evaluate, writer=writer, warm_start=warm_start if warm.iterations else None,
       prepare=prepare, stateful=[*stateful, *(h for h in hooks if isinstance(h, driver.Stateful))],
-      hooks=hooks, hook_event=hook_event)
+      hooks=hooks, hook_context=dict(workdir=workdir, tokenizer=setup.tokenizer,
+                                     env_name=config.env_name, writer=writer, pipeline=None))
   driver.print_summary(outcome, evaluation.num_tasks, evaluation.pass_k)
   return outcome
 

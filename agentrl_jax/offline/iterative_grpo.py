@@ -31,6 +31,7 @@ from flax import nnx
 from agentrl_jax import config_errors
 from agentrl_jax import types
 from agentrl_jax.advantages import estimators
+from agentrl_jax.advantages import step as step_advantages
 from agentrl_jax.learner import assembly
 from agentrl_jax.learner import configs
 from agentrl_jax.learner import driver
@@ -86,20 +87,16 @@ class IterativeGRPOConfig:
 def monte_carlo_turn_returns(reward: jax.Array, turn_mask: jax.Array, gamma: float) -> jax.Array:
   """`G_t = r_t + γ·G_{t+1}` over existing turns, [B, N] (0 on missing turns).
 
+  The library's return-to-go (`advantages.step.step_returns`, GAE with V ≡ 0 and λ = 1).
+
   Args:
     reward: [B, N] reward after the action of turn t, turns [0, N).
     turn_mask: [B, N] which turns exist (a prefix of each row).
     gamma: turn discount.
   """
   chex.assert_rank([reward, turn_mask], 2)
-  r = jnp.where(turn_mask, reward, 0.0).astype(jnp.float32)
-
-  def back(carry, r_t):
-    g = r_t + gamma * carry
-    return g, g
-
-  _, g = jax.lax.scan(back, jnp.zeros(r.shape[0], jnp.float32), r.T, reverse=True)
-  return jnp.where(turn_mask, g.T, 0.0)
+  returns = step_advantages.step_returns(jnp.asarray(reward, jnp.float32), turn_mask, gamma)
+  return jnp.where(turn_mask, returns, 0.0)
 
 
 def turn_q_values(graphdef: nnx.GraphDef, params, tokens: jax.Array, turn_of_token: jax.Array,

@@ -186,12 +186,96 @@ def trim_tokens(traj: types.Trajectories, length: int) -> types.Trajectories:
                       extras=extras)
 
 
-def _bucket(n: int, buckets: Sequence[int]) -> int:
+def bucket(n: int, buckets: Sequence[int]) -> int:
+  """The smallest observation bucket that holds `n` tokens."""
   for size in buckets:
     if n <= size:
       return size
   raise ValueError(f"observation of {n} tokens exceeds the largest bucket {buckets[-1]}; "
                    f"raise RolloutConfig.obs_buckets")
+
+
+def chunk_arrays(chunks: Sequence[Sequence[int]], buckets: Sequence[int]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+  """Observation chunks padded to one bucket width `[B, W]`, and their lengths `[B]`."""
+  width = bucket(max(1, max(len(c) for c in chunks)), buckets)
+  obs = np.zeros((len(chunks), width), np.int32)
+  obs_len = np.zeros((len(chunks),), np.int32)
+  for i, ids in enumerate(chunks):
+    obs[i, :len(ids)] = ids
+    obs_len[i] = len(ids)
+  return obs, obs_len
+
+
+def observation_fits(config: RolloutConfig, cursor: int, ids: Sequence[int]) -> bool:
+  """Whether an observation of `ids` at `cursor`, plus a whole action, fits the row and a bucket."""
+  return (cursor + len(ids) + config.sampling.max_action_tokens <= config.max_len
+          and len(ids) <= config.obs_buckets[-1])
+
+
+def end_truncated(traj: types.Trajectories, row: int, turn: int, stats: RolloutStats) -> None:
+  """Ends a row cut off before turn `turn` (no room): its last played turn is its last."""
+  stats.truncated += 1
+  if turn > 0:
+    traj.done[row, turn - 1] = True
+
+
+def write_observation(traj: types.Trajectories, row: int, ids: Sequence[int], cursor: int,
+                      turn: int) -> int:
+  """Writes turn `turn`'s observation tokens of `row` at `cursor`; returns the new cursor."""
+  traj.tokens[row, cursor:cursor + len(ids)] = ids
+  traj.turn_of_token[row, cursor:cursor + len(ids)] = turn
+  return cursor + len(ids)
+
+
+def write_action(traj: types.Trajectories, row: int, ids: Sequence[int], logprobs: Sequence[float],
+                 cursor: int, turn: int, stats: RolloutStats,
+                 forced: Sequence[bool] | None = None) -> int:
+  """Writes turn `turn`'s action tokens of `row` with their sampler log-probs (TITO).
+
+  `forced` marks tokens written, not sampled (a thinking close): context for the learner, never
+  a sample, so they stay out of `action_mask`. Returns the new cursor.
+  """
+  n = len(ids)
+  traj.tokens[row, cursor:cursor + n] = ids
+  traj.action_mask[row, cursor:cursor + n] = (
+      True if forced is None else ~np.asarray(forced, bool))
+  traj.turn_of_token[row, cursor:cursor + n] = turn
+  traj.sample_logprob[row, cursor:cursor + n] = logprobs
+  traj.turn_start[row, turn] = cursor
+  traj.turn_end[row, turn] = cursor + n
+  stats.sampled_tokens += n
+  return cursor + n
+
+
+def record_step(traj: types.Trajectories, row: int, result, turn: int,
+                stats: RolloutStats) -> bool:
+  """Writes one env step's outcome (a `StepResult` or a `StepFault`) into `row`.
+
+  Returns whether the row plays on: False once the episode is done, or when the env faulted (a
+  faulted env ends only its own trajectory, which is excluded from the loss downstream).
+  """
+  stats.turns += 1
+  if isinstance(result, workers_lib.StepFault):
+    traj.env_error[row, turn] = True
+    traj.done[row, turn] = True
+    stats.env_errors += 1
+    stats.env_timeouts += int(result.kind == "timeout")
+    return False
+  valid = bool(result.info.get("action_valid", True))
+  stats.invalid_actions += int(not valid)
+  traj.reward[row, turn] = result.reward
+  traj.action_valid[row, turn] = valid
+  traj.obs_hash[row, turn] = envs_base.observation_hash(result.observation)
+  record_step_info(traj, result.info, row, turn)
+  traj.outcome[row] += result.reward
+  if not result.done:
+    return True
+  traj.done[row, turn] = True
+  traj.success[row] = bool(result.info.get("success", False))
+  for name, value in result.info.get("sub_outcomes", {}).items():
+    traj.sub_outcomes.setdefault(name, np.zeros(traj.reward.shape[0], np.float32))[row] = value
+  return False
 
 
 class RolloutRunner:
@@ -301,19 +385,14 @@ class RolloutRunner:
 
   def _append_observations(self, traj, observations, active, cursor, turn, stats):
     """Tokenizes each live row's observation once and writes it; ends rows that would overflow."""
-    cfg = self.config
     chunks: list[list[int]] = [[] for _ in observations]
     for i in np.flatnonzero(active):
       ids = self.observation_tokens(observations[i])
-      if cursor[i] + len(ids) + cfg.sampling.max_action_tokens > cfg.max_len or len(ids) > cfg.obs_buckets[-1]:
+      if not observation_fits(self.config, cursor[i], ids):
         active[i] = False
-        stats.truncated += 1
-        if turn > 0:
-          traj.done[i, turn - 1] = True
+        end_truncated(traj, i, turn, stats)
         continue
-      traj.tokens[i, cursor[i]:cursor[i] + len(ids)] = ids
-      traj.turn_of_token[i, cursor[i]:cursor[i] + len(ids)] = turn
-      cursor[i] += len(ids)
+      cursor[i] = write_observation(traj, i, ids, cursor[i], turn)
       chunks[i] = ids
     return chunks
 
@@ -341,12 +420,8 @@ class RolloutRunner:
     are written to `traj.extras[extra_keys.ROUTING_KEY]` (tokens a stop string cuts later sit past the
     kept action, where the next chunk overwrites them or padding ignores them).
     """
-    width = _bucket(max(len(c) for c in chunks), self.config.obs_buckets)
-    obs = np.zeros((len(chunks), width), np.int32)
-    obs_len = np.zeros((len(chunks),), np.int32)
-    for i, ids in enumerate(chunks):
-      obs[i, :len(ids)] = ids
-      obs_len[i] = len(ids)
+    obs, obs_len = chunk_arrays(chunks, self.config.obs_buckets)
+    width = obs.shape[1]
     # Every live row's cache holds its conversation before this chunk; the turn adds at most
     # width + max_action_tokens (a padded chunk is written whole).
     window = None
@@ -426,44 +501,15 @@ class RolloutRunner:
       traj.extras[extra_keys.THINK_FORCED_KEY] = np.zeros(traj.reward.shape, np.float32)
     for i in np.flatnonzero(active):
       ids, logps, forced = actions[i]
-      n = len(ids)
-      traj.tokens[i, cursor[i]:cursor[i] + n] = ids
-      # A forced token was written, not sampled: it is context for the learner, never a sample.
-      traj.action_mask[i, cursor[i]:cursor[i] + n] = ~np.asarray(forced, bool)
       if thinking:
         traj.extras[extra_keys.THINK_FORCED_KEY][i, turn] = float(np.sum(forced))
-      traj.turn_of_token[i, cursor[i]:cursor[i] + n] = turn
-      traj.sample_logprob[i, cursor[i]:cursor[i] + n] = logps
-      traj.turn_start[i, turn] = cursor[i]
-      traj.turn_end[i, turn] = cursor[i] + n
-      cursor[i] += n
-      stats.sampled_tokens += n
+      cursor[i] = write_action(traj, i, ids, logps, cursor[i], turn, stats, forced=forced)
 
   def _step_envs(self, envs, traj, actions, observations, active, turn, stats):
     rows = np.flatnonzero(active)
     outcomes = self._stepper.step([envs[i] for i in rows],
                                   [self.action_text(actions[i][0]) for i in rows])
     for i, result in zip(rows, outcomes):
-      stats.turns += 1
-      if isinstance(result, workers_lib.StepFault):
-        # A faulted env ends only its own trajectory; it is excluded from the loss downstream.
-        traj.env_error[i, turn] = True
-        traj.done[i, turn] = True
-        active[i] = False
-        stats.env_errors += 1
-        stats.env_timeouts += int(result.kind == "timeout")
-        continue
-      valid = bool(result.info.get("action_valid", True))
-      stats.invalid_actions += int(not valid)
-      traj.reward[i, turn] = result.reward
-      traj.action_valid[i, turn] = valid
-      traj.obs_hash[i, turn] = envs_base.observation_hash(result.observation)
-      record_step_info(traj, result.info, i, turn)
-      traj.outcome[i] += result.reward
-      observations[i] = result.observation
-      if result.done:
-        traj.done[i, turn] = True
-        traj.success[i] = bool(result.info.get("success", False))
-        for name, value in result.info.get("sub_outcomes", {}).items():
-          traj.sub_outcomes.setdefault(name, np.zeros(len(envs), np.float32))[i] = value
-        active[i] = False
+      active[i] = record_step(traj, i, result, turn, stats)
+      if active[i]:
+        observations[i] = result.observation

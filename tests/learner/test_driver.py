@@ -7,7 +7,6 @@ methods get the same behaviour.
 
 import json
 import os
-import signal
 
 import jax.numpy as jnp
 import numpy as np
@@ -15,8 +14,9 @@ import pytest
 
 from agentrl_jax import types
 from agentrl_jax.learner import driver
-from agentrl_jax.learner import hooks as hooks_lib
 from agentrl_jax.learner import metrics as metrics_lib
+
+import preempt
 
 
 class Toy:
@@ -64,17 +64,6 @@ class Counter:
     self.seen = state["seen"]
 
 
-class StopAfter:
-  """A hook that sends this process SIGTERM after iteration `n`, as a scheduler would."""
-
-  def __init__(self, n):
-    self.n = n
-
-  def __call__(self, event):
-    if event.iteration == self.n:
-      os.kill(os.getpid(), signal.SIGTERM)
-
-
 def _state():
   return types.ActorCriticState(step=jnp.zeros((), jnp.int32), rng=jnp.zeros((2,), jnp.uint32),
                                 policy_params={"w": jnp.zeros((), jnp.float32)},
@@ -86,21 +75,15 @@ def _evaluate(params, tag):
   return {"eval/greedy_success": float(params["w"]) + 1000.0 * tag}
 
 
-def _event(workdir):
-  def make(done, traj, metrics, evaluating):
-    return hooks_lib.IterationEnd(workdir=str(workdir), iteration=done, traj=traj, tokenizer=None,
-                                  metrics=metrics, evaluating=evaluating, env_name="toy",
-                                  writer=None, pipeline=None)
-  return make
-
-
 def _run(workdir, *, n=5, hooks=(), stateful=(), warm_start=None, prepare=None, method=None):
   method = method or Toy()
   outcome = driver.run(
       str(workdir), method, _state(),
       schedule=driver.Schedule(num_iterations=n, log_every=2, checkpoint_every=3, eval_every=2),
       evaluate=_evaluate, writer=metrics_lib.MetricsWriter(str(workdir)), warm_start=warm_start,
-      prepare=prepare, stateful=stateful, hooks=hooks, hook_event=_event(workdir))
+      prepare=prepare, stateful=stateful, hooks=hooks,
+      hook_context=dict(workdir=str(workdir), tokenizer=None, env_name="toy", writer=None,
+                        pipeline=None))
   return outcome, method
 
 
@@ -133,7 +116,7 @@ def test_cadences_of_logging_evaluation_and_checkpoints(tmp_path):
 def test_sigterm_stops_with_a_checkpoint_and_the_resume_is_exact(tmp_path):
   reference, _ = _run(tmp_path / "reference", hooks=[Counter()], stateful=[])
   counter = Counter()
-  stopped, _ = _run(tmp_path / "run", hooks=[counter, StopAfter(1)], stateful=[counter])
+  stopped, _ = _run(tmp_path / "run", hooks=[counter, preempt.StopAfter(1)], stateful=[counter])
   assert stopped.preempted and stopped.iterations == 1
   assert _checkpoints(tmp_path / "run") == [1]  # not a checkpoint_every step: the stop wrote it
   again = Counter()

@@ -7,8 +7,8 @@ from agentrl_jax.envs import registry
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer
 from agentrl_jax.offline import ahead
-from agentrl_jax.rollout.strategies import teacher as teacher_lib
 from agentrl_jax.rollout import loop as loop_lib
+from agentrl_jax.rollout.strategies import teacher as teacher_lib
 
 
 class _CountingHints:
@@ -90,7 +90,7 @@ def test_distillation_correction_is_identity_when_teacher_matches_sampler():
 def test_teacher_without_privileged_text_scores_like_the_student():
   """With no inserted text the teacher's conversation is the student's: same log-probs."""
   from agentrl_jax.learner import configs
-  from agentrl_jax.learner import step as step_lib
+  from agentrl_jax.models import distribution
   from agentrl_jax.offline import common
   config = configs.TrainConfig(env_kwargs={"size": 4, "hole_prob": 0.0, "max_turns": 6},
                                tasks_per_iteration=1, group_size=2)
@@ -105,8 +105,8 @@ def test_teacher_without_privileged_text_scores_like_the_student():
   student_marker = np.full(traj.tokens.shape, -9.0, np.float32)
   got = ahead.make_teacher_fn(setup)(params, jnp.asarray(traj.action_mask), student_marker,
                                      out.tokens, out.turn_of_token, out.action_mask)
-  view = step_lib.action_view(jnp.asarray(traj.action_mask), setup.max_actions)
-  ref, _ = step_lib.action_log_probs(setup.graphdef, params, jnp.asarray(traj.tokens),
+  view = distribution.action_view(jnp.asarray(traj.action_mask), setup.max_actions)
+  ref, _ = distribution.action_log_probs(setup.graphdef, params, jnp.asarray(traj.tokens),
                                      transformer.positions_from_turns(jnp.asarray(traj.turn_of_token)),
                                      view, setup.allowed, setup.temperature)
   got = np.asarray(got)

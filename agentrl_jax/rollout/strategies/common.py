@@ -353,41 +353,17 @@ def append_observations(runner: loop_lib.RolloutRunner, batch: RowBatch, turn: i
   """Tokenizes each live row's observation once, writes it, keeps it as the row's pending chunk.
 
   A row whose observation plus a full action would overflow `max_len` (or the largest bucket)
-  ends here as truncated, as in `RolloutRunner.collect`.
+  ends here as truncated, as in `RolloutRunner.collect` (the same row-level functions).
   """
-  cfg = runner.config
-  traj = batch.traj
   batch.chunks = [[] for _ in range(batch.size)]
   for i in np.flatnonzero(batch.active):
     ids = runner.observation_tokens(batch.observations[i])
-    c = batch.cursor[i]
-    if c + len(ids) + cfg.sampling.max_action_tokens > cfg.max_len or len(ids) > cfg.obs_buckets[-1]:
+    if not loop_lib.observation_fits(runner.config, batch.cursor[i], ids):
       batch.active[i] = False
-      stats.truncated += 1
-      if turn > 0:
-        traj.done[i, turn - 1] = True
+      loop_lib.end_truncated(batch.traj, i, turn, stats)
       continue
-    traj.tokens[i, c:c + len(ids)] = ids
-    traj.turn_of_token[i, c:c + len(ids)] = turn
-    batch.cursor[i] = c + len(ids)
+    batch.cursor[i] = loop_lib.write_observation(batch.traj, i, ids, batch.cursor[i], turn)
     batch.chunks[i] = ids
-
-
-def _bucket(n: int, buckets: Sequence[int]) -> int:
-  for size in buckets:
-    if n <= size:
-      return size
-  raise ValueError(f"observation of {n} tokens exceeds the largest bucket {buckets[-1]}")
-
-
-def _chunk_arrays(chunks: Sequence[Sequence[int]], buckets: Sequence[int]):
-  width = _bucket(max(1, max(len(c) for c in chunks)), buckets)
-  obs = np.zeros((len(chunks), width), np.int32)
-  obs_len = np.zeros((len(chunks),), np.int32)
-  for i, ids in enumerate(chunks):
-    obs[i, :len(ids)] = ids
-    obs_len[i] = len(ids)
-  return obs, obs_len
 
 
 @dataclasses.dataclass
@@ -427,7 +403,7 @@ def sample_turn(tool: Tools, params, batch: RowBatch, turn: int, key: jax.Array,
     mask[np.asarray(rows, np.intp)] = True
     if (mask & ~batch.active).any():
       raise ValueError(f"sample_turn: rows {np.flatnonzero(mask & ~batch.active)} are not active")
-  obs, obs_len = _chunk_arrays(batch.chunks, tool.obs_buckets)
+  obs, obs_len = loop_lib.chunk_arrays(batch.chunks, tool.obs_buckets)
   sampler = tool.greedy_turn if greedy else tool.sample_turn
   out = sampler(params, copy_cache(batch.cache), obs, obs_len, mask, np.int32(turn), key,
                 batch.row_ids)
@@ -458,18 +434,9 @@ def write_actions(batch: RowBatch, rows: Sequence[int], tokens: Sequence[Sequenc
                   logprobs: Sequence[Sequence[float]], turn: int,
                   stats: loop_lib.RolloutStats) -> None:
   """Writes each row's kept action ids and their sampler log-probs (TITO) after its chunk."""
-  traj = batch.traj
   for i in rows:
-    ids, lps = tokens[i], logprobs[i]
-    c, n = batch.cursor[i], len(ids)
-    traj.tokens[i, c:c + n] = ids
-    traj.action_mask[i, c:c + n] = True
-    traj.turn_of_token[i, c:c + n] = turn
-    traj.sample_logprob[i, c:c + n] = lps
-    traj.turn_start[i, turn] = c
-    traj.turn_end[i, turn] = c + n
-    batch.cursor[i] = c + n
-    stats.sampled_tokens += n
+    batch.cursor[i] = loop_lib.write_action(batch.traj, i, tokens[i], logprobs[i],
+                                            batch.cursor[i], turn, stats)
 
 
 def step_envs(tool: Tools, envs: Sequence[envs_base.TextEnv], texts: Sequence[str]):
@@ -478,31 +445,10 @@ def step_envs(tool: Tools, envs: Sequence[envs_base.TextEnv], texts: Sequence[st
 
 
 def record_step(batch: RowBatch, row: int, result, turn: int, stats: loop_lib.RolloutStats) -> None:
-  """Writes one env step's outcome into row `row` (as `RolloutRunner.collect` does)."""
-  traj = batch.traj
-  stats.turns += 1
-  if isinstance(result, workers_lib.StepFault):
-    # A faulted env ends only its own trajectory; it is excluded from the loss downstream.
-    traj.env_error[row, turn] = True
-    traj.done[row, turn] = True
-    batch.active[row] = False
-    stats.env_errors += 1
-    stats.env_timeouts += int(result.kind == "timeout")
-    return
-  valid = bool(result.info.get("action_valid", True))
-  stats.invalid_actions += int(not valid)
-  traj.reward[row, turn] = result.reward
-  traj.action_valid[row, turn] = valid
-  traj.obs_hash[row, turn] = envs_base.observation_hash(result.observation)
-  loop_lib.record_step_info(traj, result.info, row, turn)
-  traj.outcome[row] += result.reward
-  batch.observations[row] = result.observation
-  if result.done:
-    traj.done[row, turn] = True
-    traj.success[row] = bool(result.info.get("success", False))
-    for name, value in result.info.get("sub_outcomes", {}).items():
-      traj.sub_outcomes.setdefault(name, np.zeros(batch.size, np.float32))[row] = value
-    batch.active[row] = False
+  """Writes one env step's outcome into row `row` (`loop.record_step`, as the loop does)."""
+  batch.active[row] = loop_lib.record_step(batch.traj, row, result, turn, stats)
+  if batch.active[row]:
+    batch.observations[row] = result.observation
 
 
 def play_turn(runner: loop_lib.RolloutRunner, tool: Tools, batch: RowBatch, draw: TurnDraw,
@@ -645,7 +591,8 @@ def turn_token_stats(tool: Tools, params, batch: RowBatch, draw: TurnDraw, turn:
                      top_k: int) -> TokenStats:
   """`TokenStats` of the draw's actions, scored on the batch's pre-turn cache (host arrays)."""
   # Width = observation bucket + the action cap: one compile per bucket, as for the sampler.
-  width = _bucket(max(1, max(len(c) for c in batch.chunks)), tool.obs_buckets) + tool.max_action_tokens
+  width = (loop_lib.bucket(max(1, max(len(c) for c in batch.chunks)), tool.obs_buckets)
+           + tool.max_action_tokens)
   packed = np.zeros((batch.size, width), np.int32)
   obs_len = np.zeros((batch.size,), np.int32)
   num = np.zeros((batch.size,), np.int32)

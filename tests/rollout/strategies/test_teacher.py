@@ -18,7 +18,7 @@ from agentrl_jax.models import transformer as tfm
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "experiments"))
 
 import run  # noqa: E402
