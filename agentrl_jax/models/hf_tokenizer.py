@@ -55,8 +55,7 @@ class HFTokenizer:
     """Wraps an already built `tokenizers.Tokenizer` (e.g. one made from GGUF metadata).
 
     Args:
-      tokenizer: the `tokenizers.Tokenizer`; used as is, so it must add no special tokens of its
-        own that `encode` should not produce (`encode` passes add_special_tokens=False anyway).
+      tokenizer: the `tokenizers.Tokenizer`, used as is.
       source: where it came from, for error messages.
     """
     wrapper = cls.__new__(cls)

