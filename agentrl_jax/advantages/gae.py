@@ -25,6 +25,8 @@ BLOCK = 8
 _MIN_BLOCKED_LAMBDA = 0.5
 _MIN_BLOCKED_RHO = 1e-3
 _MIN_BLOCKED_LENGTH = 64
+# "auto" takes the per-step-discount blocked kernel from this many tokens (B·T) on.
+_MIN_BLOCKED_VARYING_SIZE = 1 << 20
 
 
 class GAEOutput(NamedTuple):
@@ -335,7 +337,8 @@ def generalized_advantage_estimation(
       (`_gae_blocked`: a block matmul and a scan over T/8 block heads; needs a static scalar
       λ ≥ 0.5, and γ a static scalar with γλ ≥ 1e-3 or an array of per-step discounts, for which
       `_gae_blocked_varying` solves each block exactly across terminal steps), or "auto" (the
-      default: "blocked" where it applies and T ≥ 64, else "scan"). All agree to float rounding (1e-5 on unit-scale inputs). On CPU at
+      default: "blocked" where it applies and T ≥ 64 — and B·T ≥ 2^20 for array discounts —,
+      else "scan"). All agree to float rounding (1e-5 on unit-scale inputs). On CPU at
       [4096, 512] "blocked" is the fastest and "associative" the slowest (bench/advantages.py).
 
   Returns:
@@ -350,8 +353,12 @@ def generalized_advantage_estimation(
         f"array or a Python scalar with discount·lambda_ >= {_MIN_BLOCKED_RHO}; got "
         f"discount={discount!r}, lambda_={lambda_!r}")
   if method == "auto":
-    # Short sequences (turn-level GAE) gain nothing from blocks; the scan is exact there.
+    # Short sequences (turn-level GAE) gain nothing from blocks; the scan is exact there. The
+    # per-step-discount kernel does more work per token (a log, an exp, a gather) and only
+    # overtakes the scan on large batches (CPU, bench/advantages.py).
     long_enough = jnp.ndim(rewards) == 2 and jnp.shape(rewards)[1] >= _MIN_BLOCKED_LENGTH
+    if long_enough and not _is_static_scalar(discount):
+      long_enough = int(np.prod(jnp.shape(rewards))) >= _MIN_BLOCKED_VARYING_SIZE
     method = "blocked" if blocked and long_enough else "scan"
   static_discount, static_lambda = discount, lambda_
   rewards, values, mask, discount, lambda_ = _prepare(rewards, values, mask, discount, lambda_)

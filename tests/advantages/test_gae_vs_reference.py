@@ -54,7 +54,7 @@ def test_matches_rlax_with_termination():
 @pytest.mark.parametrize("method", ["blocked", "auto", "scan"])
 def test_matches_rlax_with_random_done_flags(method):
   # Episodes ending mid-row: 2% done flags (plus consecutive ones) over rows of 8·16 + 5 steps.
-  # "auto" takes the blocked per-step-discount kernel here (static λ, T ≥ 64).
+  # "blocked" is the per-step-discount kernel (static λ); "auto" takes the scan at this size.
   rng = np.random.RandomState(2)
   b, t_len = 6, 8 * 16 + 5
   rewards = rng.randn(b, t_len).astype(np.float32)
