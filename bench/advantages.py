@@ -4,8 +4,11 @@ GAE over [B, L] float32 at several sizes (default up to 4096 × 2048): our kerne
 default on long rows; the time-major "scan"; "associative") against rlax under vmap, a NumPy
 reverse loop over time, and a plain device copy of the input arrays, from which the bandwidth limit
 for the bytes the kernel must move (read r, v, mask; write advantages, returns) is derived.
-Group baselines over 2^20 trajectories in 2^17 groups: segment-sum GRPO and RLOO against NumPy
-`bincount` and a per-sample Python dict loop (verl style). GiGPO anchor grouping on 10^5 steps:
+GAE with per-step discounts (2% done flags, episodes ending mid-row) at 4096 × 512: the blocked
+kernel against the scan, rlax, the NumPy loop and a copy. Group baselines over 2^20 trajectories
+in 2^17 groups: segment-sum GRPO and RLOO, and the same ids in the learner's sorted order (the
+reshape fast path), against NumPy `bincount`, a per-sample Python dict loop (verl style) and a
+copy of scores and ids. GiGPO anchor grouping on 10^5 steps:
 the hash-table `step.step_groups` against the earlier lexsort kernel, NumPy `unique(return_inverse)`
 and a dict-hashing Python loop. Every implementation is checked against a reference before it is
 timed. Timings are the best of interleaved repeats (the candidates of a table take turns), so a
@@ -73,14 +76,17 @@ def print_table(title, times, anchor, note=""):
 
 
 def numpy_gae(rewards, values, mask, discount, lambda_):
-  """Reverse loop over time, vectorised over the batch (the §A.1 recursion in NumPy)."""
+  """Reverse loop over time, vectorised over the batch (the §A.1 recursion in NumPy); `discount`
+  a scalar or `[B, L]` per-step discounts."""
   b, t_len = rewards.shape
   next_value = np.zeros(b, rewards.dtype)
   last = np.zeros(b, rewards.dtype)
   out = np.zeros_like(rewards)
+  per_step = np.ndim(discount) == 2
   for t in range(t_len - 1, -1, -1):
-    delta = rewards[:, t] + discount * next_value - values[:, t]
-    a = delta + discount * lambda_ * last
+    g = discount[:, t] if per_step else discount
+    delta = rewards[:, t] + g * next_value - values[:, t]
+    a = delta + g * lambda_ * last
     m = mask[:, t]
     next_value = np.where(m, values[:, t], next_value)
     last = np.where(m, a, last)
@@ -136,6 +142,52 @@ def bench_gae(batch, length, repeats, seed=0):
           f"{ours_time / limit:.1f}× the bandwidth limit (targets ≥ 2, ≥ 20, ≤ 2)")
   print_table(f"GAE [{batch}, {length}] float32, γ={gamma}, λ={lam}", times,
               "bandwidth limit (17 B/token at copy speed)", note)
+  return times
+
+
+def bench_gae_terminations(batch, length, repeats, done_rate=0.02, seed=0):
+  """GAE with per-step discounts γ·(1 − done): episodes that end inside a row."""
+  rng = np.random.default_rng(seed)
+  rewards = rng.standard_normal((batch, length), np.float32)
+  values = rng.standard_normal((batch, length), np.float32)
+  mask = np.ones((batch, length), bool)
+  gamma, lam = 0.99, 0.95
+  discount = (gamma * (rng.random((batch, length)) >= done_rate)).astype(np.float32)
+  r, v, m, d = (jax.device_put(x) for x in (rewards, values, mask, discount))
+  ours = {method: jax.jit(functools.partial(gae.generalized_advantage_estimation, lambda_=lam,
+                                            method=method))
+          for method in ("auto", "scan")}
+  rlax_gae = jax.jit(jax.vmap(rlax.truncated_generalized_advantage_estimation,
+                              in_axes=(0, 0, None, 0)))
+  bootstrapped = jnp.concatenate([v, jnp.zeros((batch, 1), v.dtype)], axis=1)
+  copy = jax.jit(lambda *xs: [jnp.copy(x) for x in xs])
+
+  reference = numpy_gae(rewards, values, mask, discount, lam)
+  for method, fn in ours.items():
+    np.testing.assert_allclose(np.asarray(fn(r, v, m, d).advantages), reference, atol=1e-3,
+                               err_msg=method)
+  np.testing.assert_allclose(np.asarray(rlax_gae(r, d, lam, bootstrapped)), reference, atol=1e-3)
+
+  loop_divisor = max(1, repeats // 3)
+  times = best_times({
+      "ours: blocked, per-step γ (auto)": (lambda: ours["auto"](r, v, m, d), 1),
+      "ours: lax.scan, time-major": (lambda: ours["scan"](r, v, m, d), 1),
+      "rlax truncated GAE under vmap": (lambda: rlax_gae(r, d, lam, bootstrapped), 1),
+      "NumPy reverse loop over L": (lambda: numpy_gae(rewards, values, mask, discount, lam),
+                                    loop_divisor),
+      "device copy of r, v, mask, discount": (lambda: copy(r, v, m, d), 1),
+  }, repeats)
+  # Reads r, v, discount (4 B each) and mask (1 B), writes advantages and returns: 21 B/token;
+  # the copy reads and writes all four inputs: 26 B/token.
+  limit = times["device copy of r, v, mask, discount"] * 21 / 26
+  times["bandwidth limit (21 B/token at copy speed)"] = limit
+  ours_time = times["ours: blocked, per-step γ (auto)"]
+  note = (f"blocked: {times['rlax truncated GAE under vmap'] / ours_time:.2f}× rlax, "
+          f"{times['NumPy reverse loop over L'] / ours_time:.1f}× the NumPy loop, "
+          f"{ours_time / limit:.1f}× the bandwidth limit (targets ≥ 2, ≥ 20, ≤ 3)")
+  print_table(f"GAE [{batch}, {length}] float32, γ_t = {gamma}·(1 − done), "
+              f"{done_rate:.0%} done, λ={lam}", times,
+              "bandwidth limit (21 B/token at copy speed)", note)
   return times
 
 
@@ -219,17 +271,37 @@ def bench_groups(num_trajectories, num_groups, repeats, seed=0):
                                          group_size=group_size))
   np.testing.assert_allclose(np.asarray(contiguous(s_sorted)), want[order], atol=1e-4)
 
+  # The same ids in the learner's order (group b // n): group_relative_advantages finds the
+  # layout at run time and takes the reshape branch (no segment scatter).
+  g_sorted = jax.device_put(gid[order])
+  np.testing.assert_allclose(np.asarray(grpo(s_sorted, g_sorted)), want[order], atol=1e-4)
+  np.testing.assert_allclose(np.asarray(rloo(s_sorted, g_sorted)),
+                             numpy_rloo(s64, gid, num_groups)[order], atol=1e-4)
+  copy = jax.jit(lambda *xs: [jnp.copy(x) for x in xs])
+
   times = best_times({
       "GRPO ours: segment_sum (jit)": (lambda: grpo(s, g), 1),
-      "GRPO ours: contiguous groups (jit)": (lambda: contiguous(s_sorted), 1),
+      "GRPO ours: sorted ids, auto fast path (jit)": (lambda: grpo(s_sorted, g_sorted), 1),
+      "GRPO ours: contiguous_group_relative (jit)": (lambda: contiguous(s_sorted), 1),
       "GRPO NumPy bincount": (lambda: numpy_grpo(s64, gid, num_groups), 1),
       "RLOO ours: segment_sum (jit)": (lambda: rloo(s, g), 1),
+      "RLOO ours: sorted ids, auto fast path (jit)": (lambda: rloo(s_sorted, g_sorted), 1),
       "RLOO NumPy bincount": (lambda: numpy_rloo(s64, gid, num_groups), 1),
+      "device copy of scores, group ids": (lambda: copy(s, g), 1),
   }, repeats)
   times["GRPO Python dict loop (1 run)"] = loop_grpo_time
   times["RLOO Python dict loop (1 run)"] = loop_rloo_time
+  # The kernel reads scores and ids and writes advantages (12 B/row); the copy moves 16 B/row.
+  limit = times["device copy of scores, group ids"] * 12 / 16
+  times["copy limit (12 B/row at copy speed)"] = limit
+  fast = times["GRPO ours: sorted ids, auto fast path (jit)"]
+  segment = times["GRPO ours: segment_sum (jit)"]
+  note = (f"GRPO sorted ids: {fast / limit:.1f}× the copy limit, "
+          f"{times['GRPO NumPy bincount'] / fast:.1f}× faster than NumPy bincount (target ≤ 5× "
+          f"the limit); segment path: {segment / limit:.1f}× the limit, "
+          f"{times['GRPO NumPy bincount'] / segment:.1f}× faster than bincount")
   print_table(f"Group baselines: {num_trajectories} trajectories in {num_groups} groups", times,
-              "GRPO ours: segment_sum (jit)")
+              "copy limit (12 B/row at copy speed)", note)
   return times
 
 
@@ -373,6 +445,7 @@ def main():
         f"{jax.device_count()} device(s)")
   for batch, length in gae_sizes:
     bench_gae(batch, length, args.repeats)
+  bench_gae_terminations(*gae_sizes[-2 if args.quick else 1], args.repeats)
   bench_groups(*group_sizes, args.repeats)
   bench_anchor_groups(*anchor_sizes, args.repeats, num_states=16,
                       label="16-state walk (realistic)")
