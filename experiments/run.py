@@ -53,6 +53,9 @@ def parse_flags(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument("--workdir", default=None,
                       help="where checkpoints, metrics and configs go (default: runs/<stem of "
                            "the first --gin_file>)")
+  parser.add_argument("--allow_config_change", action="store_true",
+                      help="resume a workdir's checkpoint under a config that differs from the "
+                           "one recorded there; the change is logged to config_changes.jsonl")
   return parser.parse_args(argv)
 
 
@@ -70,6 +73,7 @@ def configure(args: argparse.Namespace) -> str:
   config_errors.require_bindings(f"--gin_file={QUICKSTART_CONFIG}")
   workdir = args.workdir or default_workdir(args.gin_file)
   metrics.check_workdir(workdir)
+  metrics.check_resumed_config(workdir, allow_change=args.allow_config_change)
   metrics.write_config(workdir)
   return workdir
 

@@ -13,20 +13,24 @@ Two failure modes are guarded against:
     unfinished step is never seen by `latest_step` or `restore`.
   * A finalised step whose files were damaged afterwards (truncated, deleted, bit-flipped). Reading
     it either raises inside orbax/tensorstore or yields arrays whose fingerprints differ from the
-    manifest. `restore()` then warns, naming the step and its path, moves the step aside to
-    `<workdir>/corrupt_checkpoints/` (so the step number can be saved again) and falls back to the
-    previous step. Garbage is never returned.
+    manifest. `restore()` then prints one line on stderr naming the step, its path and where it
+    went, moves the step aside to `<workdir>/corrupt_checkpoints/` (so the step number can be
+    saved again) and falls back to the previous step; `resume()` starts from scratch when no
+    intact step is left. Garbage is never returned, and the libraries' own reports of the failed
+    read (orbax/absl log lines, asyncio's "Event loop is closed" from a tensorstore callback that
+    outlives the read) are held back: the one line says what happened.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import contextlib
 import json
 import logging
 import os
+import sys
 import time
-import warnings
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -53,10 +57,6 @@ _POSITION_MULTIPLIER = 2654435761
 
 class CorruptCheckpointError(RuntimeError):
   """A finalised checkpoint step cannot be read back intact."""
-
-
-class CorruptCheckpointWarning(UserWarning):
-  """A corrupt checkpoint step was skipped in favour of an older one."""
 
 
 class Restored(NamedTuple):
@@ -180,9 +180,9 @@ class Checkpointer:
   def restore(self, step: int | None = None, *, target: PyTree) -> Restored:
     """Reads a checkpoint back into the structure, shapes and shardings of `target`.
 
-    With `step=None` the newest intact step is used: a corrupt step is reported with a
-    `CorruptCheckpointWarning` naming it and its path, moved to `<workdir>/corrupt_checkpoints`,
-    and the next older step is tried. `restored_step` tells which step was read.
+    With `step=None` the newest intact step is used: a corrupt step is reported in one line on
+    stderr naming it and its path, moved to `<workdir>/corrupt_checkpoints`, and the next older
+    step is tried. `restored_step` tells which step was read.
 
     Args:
       step: the step to read, or None for the newest intact one. An explicit step that is
@@ -211,16 +211,43 @@ class Checkpointer:
       return restored
     if not steps:
       raise FileNotFoundError(f"no finalised checkpoint in {self._directory}")
-    for candidate in reversed(steps):
+    for i, candidate in enumerate(reversed(steps)):
       try:
         restored = self._restore_step(candidate, target)
       except CorruptCheckpointError as e:
-        self._report_and_quarantine(candidate, e)
+        older = i + 1 < len(steps)
+        self._report_and_quarantine(
+            candidate, e, then="falling back to an older step" if older else "no older step")
         continue
       self._restored_step = candidate
       return restored
     raise CorruptCheckpointError(
         f"every checkpoint step in {self._directory} is corrupt (tried {steps[::-1]})")
+
+  def resume(self, *, target: PyTree) -> Restored | None:
+    """What a launch restores: the newest intact step, or None to start from scratch.
+
+    Like `restore(target=...)`, except that no checkpoint, or none left intact once the corrupt
+    ones are moved aside, is not an error: the run starts over (one line says so when steps
+    were there). `restored_step` is None then.
+
+    Args:
+      target: as for `restore`.
+
+    Returns:
+      `Restored(state, extra)`, or None.
+
+    Raises:
+      ValueError: `target` does not match the checkpoint (a different model, not damage).
+    """
+    self._restored_step = None
+    if not self.all_steps():
+      return None
+    try:
+      return self.restore(target=target)
+    except CorruptCheckpointError:
+      _say(f"no intact checkpoint left in {self._directory}; starting from scratch")
+      return None
 
   def close(self) -> None:
     self._manager.wait_until_finished()
@@ -234,6 +261,10 @@ class Checkpointer:
 
   def _restore_step(self, step: int, target: PyTree) -> Restored:
     """Restores one step; damage raises CorruptCheckpointError, a wrong target ValueError."""
+    with _library_reports_held_back():
+      return self._restore_step_quietly(step, target)
+
+  def _restore_step_quietly(self, step: int, target: PyTree) -> Restored:
     path = self.step_path(step)
     try:
       manifest = self._manager.restore(
@@ -258,14 +289,12 @@ class Checkpointer:
     _check_fingerprints(state, leaves, step, path)
     return Restored(state=state, extra=extra if extra is not None else {})
 
-  def _report_and_quarantine(self, step: int, error: CorruptCheckpointError) -> None:
-    """Warns about a corrupt step and moves it aside so its step number can be saved again."""
+  def _report_and_quarantine(self, step: int, error: CorruptCheckpointError, *, then: str) -> None:
+    """Reports a corrupt step in one line and moves it aside so its number can be saved again."""
     self._quarantine_count += 1
     destination = os.path.join(
         self._workdir, QUARANTINE_DIR, f"{step}-{time.time_ns()}-{self._quarantine_count}")
-    message = f"{error}; moved to {destination}; falling back to an older step"
-    warnings.warn(message, CorruptCheckpointWarning, stacklevel=3)
-    logging.warning(message)
+    _say(f"{error}; moved to {destination}; {then}")
     if jax.process_index() == 0:
       files.move(self.step_path(step), destination)
     # Every process must see the move before any of them lists steps again.
@@ -395,4 +424,68 @@ def _check_json_serialisable(extra: dict[str, Any]) -> None:
 def _one_line(error: BaseException) -> str:
   text = f"{type(error).__name__}: {error}".strip()
   first = text.splitlines()[0] if text else type(error).__name__
-  return first[:300]
+  # tensorstore's messages run on for hundreds of characters (a repr of its spec); the start
+  # says what failed, and the message must stay one readable line.
+  return first if len(first) <= 160 else first[:157] + "..."
+
+
+def _say(message: str) -> None:
+  """One line on stderr, from process 0 only (every process sees the same checkpoints)."""
+  if jax.process_index() == 0:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+# Loggers orbax and its storage layer report a failed read through; the CorruptCheckpointError
+# raised instead carries the reason.
+_LIBRARY_LOGGERS = ("absl", "orbax", "tensorstore", "etils")
+
+
+@contextlib.contextmanager
+def _library_reports_held_back() -> Iterator[None]:
+  """Silences the libraries' own logging of a failed read for its duration, and for good the
+  asyncio reports its leftover tasks and callbacks make later (see below)."""
+  _hold_back_closed_event_loop_errors()
+  _hold_back_unretrieved_orbax_tasks()
+  loggers = [logging.getLogger(name) for name in _LIBRARY_LOGGERS]
+  levels = [logger.level for logger in loggers]
+  for logger in loggers:
+    logger.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    for logger, level in zip(loggers, levels):
+      logger.setLevel(level)
+
+
+def _hold_back_closed_event_loop_errors() -> None:
+  """Drops the "Event loop is closed" RuntimeError that reaches `sys.unraisablehook` when a read
+  of a damaged step fails: orbax closes its event loop while a tensorstore callback is still
+  pending, and the callback fails whenever it runs, often after the restore has returned. Every
+  other unraisable exception still reaches the previous hook."""
+  if getattr(sys.unraisablehook, "_agentrl_filter", False):
+    return
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    value = unraisable.exc_value
+    if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
+      return
+    previous(unraisable)
+
+  hook._agentrl_filter = True  # pylint: disable=protected-access
+  sys.unraisablehook = hook
+
+
+class _UnretrievedOrbaxTask(logging.Filter):
+  """asyncio logs "Task exception was never retrieved" when a failed read's sibling tasks are
+  garbage-collected, long after the restore: those of orbax's own coroutines are dropped."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not (message.startswith("Task exception was never retrieved") and "orbax" in message)
+
+
+def _hold_back_unretrieved_orbax_tasks() -> None:
+  logger = logging.getLogger("asyncio")
+  if not any(isinstance(f, _UnretrievedOrbaxTask) for f in logger.filters):
+    logger.addFilter(_UnretrievedOrbaxTask())

@@ -158,11 +158,12 @@ def run(workdir: str, method: Method, state: Any, *, schedule: Schedule,
   """
   ckpt = checkpoint_lib.Checkpointer(workdir)
   record = _initial_record()
-  resumed_from = ckpt.latest_step()
-  if resumed_from is not None:
-    state, saved = ckpt.restore(target=state)
+  resumed = ckpt.resume(target=state)  # the newest intact checkpoint; None: from scratch
+  writer.rewind(ckpt.restored_step)  # the records of the iterations about to be re-run go
+  resumed_from = ckpt.restored_step
+  if resumed is not None:
+    state, saved = resumed
     record.update(saved)
-    resumed_from = ckpt.restored_step
     for part, memory in zip(stateful, record.get("credit_state", [])):
       part.load_state_dict(memory)
     method.restored(state)

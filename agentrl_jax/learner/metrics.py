@@ -12,12 +12,14 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import sys
 import time
 from typing import IO, Any, Mapping
 
 import gin
+from etils import epath
 import tensorboardX
 import tqdm
 
@@ -28,6 +30,12 @@ METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 CONFIG_FILE = "config.gin"
 OPERATIVE_CONFIG_FILE = "operative_config.gin"
+CONFIG_CHANGES_FILE = "config_changes.jsonl"
+# Where `checkpoint.Checkpointer` keeps its steps (one directory per finalised step, named by
+# the step number); read here by name only, so the launch checks need neither jax nor orbax.
+CHECKPOINT_DIR = "checkpoints"
+
+_BINDING_LINE = re.compile(r"^([\w./]+)\s*=\s*(.*)$")
 
 
 def check_workdir(workdir: str | os.PathLike[str]) -> None:
@@ -70,6 +78,109 @@ def write_config(workdir: str | os.PathLike[str]) -> str:
   return files.write_text(files.join(workdir, CONFIG_FILE), gin.config_str())
 
 
+def checkpoint_steps_on_disk(workdir: str | os.PathLike[str]) -> list[int]:
+  """The step numbers of `<workdir>/checkpoints/<step>` directories, oldest first.
+
+  Orbax writes a step under a temporary name and renames it when finalised (on an object store
+  it adds `commit_success.txt` instead), so a bare number names a finished save; whether its
+  files are intact is only known when it is restored.
+  """
+  directory = epath.Path(files.join(workdir, CHECKPOINT_DIR))
+  if not directory.is_dir():
+    return []
+  steps = []
+  for child in directory.iterdir():
+    if not child.name.isdigit() or not child.is_dir():
+      continue
+    if files.is_remote(workdir) and not (child / "commit_success.txt").exists():
+      continue
+    steps.append(int(child.name))
+  return sorted(steps)
+
+
+def bindings(config_text: str) -> dict[str, str]:
+  """`{binding key: value text}` of a config as `gin.config_str()` writes it.
+
+  Values wrapped onto indented continuation lines are joined, and whitespace is collapsed, so
+  two writes of the same config compare equal.
+  """
+  result: dict[str, str] = {}
+  key = None
+  for line in config_text.splitlines():
+    stripped = line.strip()
+    if not stripped or stripped.startswith("#"):
+      key = None
+      continue
+    if line[:1].isspace() and key is not None:
+      result[key] = f"{result[key]} {stripped}"
+      continue
+    match = _BINDING_LINE.match(stripped)
+    key = match.group(1) if match else None
+    if key is not None:
+      result[key] = match.group(2)
+  return {k: " ".join(v.split()) for k, v in result.items()}
+
+
+def config_changes(old_text: str, new_text: str) -> list[str]:
+  """One `key: old -> new` entry per binding that differs, sorted by key."""
+  old, new = bindings(old_text), bindings(new_text)
+  unset = "(unset)"
+  return [f"{key}: {old.get(key, unset)} -> {new.get(key, unset)}"
+          for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)]
+
+
+def check_resumed_config(workdir: str | os.PathLike[str], *, allow_change: bool) -> None:
+  """Stops a relaunch whose config differs from the one its workdir's checkpoints were made with.
+
+  Call it at launch, after the config is parsed and before `write_config` overwrites the
+  recorded one. A workdir without a checkpoint resumes nothing, so any config may start there.
+  With `allow_change` the run goes on, and the change is appended to
+  `<workdir>/config_changes.jsonl` with the iteration it takes effect after (the newest
+  checkpoint on disk).
+
+  Raises:
+    config_errors.ConfigError: the bindings differ and `allow_change` is False; the message is
+      one line listing each differing binding as `key: old -> new`.
+  """
+  steps = checkpoint_steps_on_disk(workdir)
+  recorded = files.read_text(files.join(workdir, CONFIG_FILE))
+  if not steps or recorded is None:
+    return
+  changes = config_changes(recorded, gin.config_str())
+  if not changes:
+    return
+  if not allow_change:
+    raise config_errors.ConfigError(
+        f"--workdir {os.fspath(workdir)!r} holds a run (checkpoint {steps[-1]}) made with a "
+        f"different config: {'; '.join(changes)}. Relaunch with the recorded config "
+        f"({CONFIG_FILE} there), another --workdir, or --allow_config_change to go on with "
+        "this one")
+  record_config_change(workdir, steps[-1], changes)
+
+
+def record_config_change(workdir: str | os.PathLike[str], iteration: int,
+                         changes: list[str]) -> str:
+  """Appends `{"iteration", "changes", "time"}` to `<workdir>/config_changes.jsonl`.
+
+  Rewritten whole (atomically, and on an object store, which cannot append). Every host of a
+  job calls this at launch; a record equal to the last one is not repeated.
+  """
+  path = files.join(workdir, CONFIG_CHANGES_FILE)
+  lines = [line for line in (files.read_text(path) or "").splitlines() if line.strip()]
+  if lines:
+    last = json.loads(lines[-1])
+    if last.get("iteration") == iteration and last.get("changes") == changes:
+      return path
+  lines.append(json.dumps({"iteration": iteration, "changes": changes, "time": time.time()}))
+  return files.write_text(path, "".join(line + "\n" for line in lines))
+
+
+def read_config_changes(workdir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+  """The records of `config_changes.jsonl`, oldest first (none when the file is missing)."""
+  text = files.read_text(files.join(workdir, CONFIG_CHANGES_FILE)) or ""
+  return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 def write_operative_config(workdir: str | os.PathLike[str], process_index: int = 0) -> str | None:
   """Writes the values the run actually used to `<workdir>/operative_config.gin`.
 
@@ -86,11 +197,22 @@ class _AppendedFile:
 
   def __init__(self, path: str):
     _terminate_truncated_line(path)
+    self._path = path
     self._file: IO[str] | None = open(path, "a", encoding="utf-8")
 
   def append(self, line: str) -> None:
     self._file.write(line + "\n")
     self._file.flush()
+
+  def lines(self) -> list[str]:
+    with open(self._path, encoding="utf-8") as f:
+      return [line for line in f.read().splitlines() if line.strip()]
+
+  def replace(self, lines: list[str]) -> None:
+    """Swaps the file for one holding `lines` (atomically) and appends to that from now on."""
+    self.close()
+    files.write_text(self._path, "".join(line + "\n" for line in lines))
+    self._file = open(self._path, "a", encoding="utf-8")
 
   def close(self) -> None:
     if self._file is not None:
@@ -114,6 +236,13 @@ class _RewrittenObject:
     self._lines.append(line)
     files.write_text(self._path, "\n".join(self._lines) + "\n")
 
+  def lines(self) -> list[str]:
+    return list(self._lines)
+
+  def replace(self, lines: list[str]) -> None:
+    self._lines = list(lines)
+    files.write_text(self._path, "".join(line + "\n" for line in lines))
+
   def close(self) -> None:
     pass
 
@@ -121,8 +250,10 @@ class _RewrittenObject:
 class MetricsWriter:
   """Appends scalars to `<workdir>/metrics.jsonl` and TensorBoard; a no-op off process 0.
 
-  The JSON file is opened in append mode so a resumed run continues the same record; steps
-  re-run after a restore then appear twice, in the order they were written.
+  The JSON file is opened in append mode so a resumed run continues the same record. A resumed
+  run calls `rewind(restored step)` first, so the iterations it re-runs after the restore are
+  recorded once, not twice: the file then holds one record per iteration however often the run
+  was killed.
   """
 
   def __init__(self, workdir: str | os.PathLike[str], process_index: int = 0):
@@ -152,6 +283,36 @@ class MetricsWriter:
     for name, value in values.items():
       self._tensorboard.add_scalar(name, value, global_step=int(step))
     self._tensorboard.flush()
+
+  def rewind(self, step: int | None) -> int:
+    """Drops the records of the steps after `step`: those a resumed run is about to re-run.
+
+    Call it right after restoring checkpoint `step`, or with None when a run (re)starts with no
+    checkpoint, which drops every record. A line cut short by a crash goes too. TensorBoard's
+    event files cannot be rewound; TensorBoard shows the later write of a step.
+
+    Args:
+      step: the restored checkpoint's step, or None for none.
+
+    Returns:
+      How many records were dropped (0 off process 0).
+    """
+    if not self._active:
+      return 0
+    kept, dropped = [], 0
+    for line in self._file.lines():
+      try:
+        record_step = json.loads(line)["step"]
+      except (json.JSONDecodeError, KeyError, TypeError):
+        dropped += 1
+        continue
+      if step is not None and record_step <= step:
+        kept.append(line)
+      else:
+        dropped += 1
+    if dropped:
+      self._file.replace(kept)
+    return dropped
 
   def write_text(self, step: int, tag: str, text: str) -> None:
     """Records free text (a sample conversation, the config) under `tag` in TensorBoard."""
