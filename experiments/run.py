@@ -35,6 +35,7 @@ LEARNER_MODULE = "agentrl_jax.learner.learner"
 DEFAULT_IMPORTS = ("from agentrl_jax.learner import learner",)
 RUNS_DIR = "runs"
 QUICKSTART_CONFIG = "experiments/configs/quickstart.gin"
+TRAIN_CONFIG = "agentrl_jax.learner.configs.TrainConfig"
 
 # The learner calls this after step 0; re-exported here as part of the entry point's API.
 write_operative_config = metrics.write_operative_config
@@ -71,11 +72,28 @@ def configure(args: argparse.Namespace) -> str:
   config_errors.parse_config(args.gin_file, args.gin_bindings,
                              search_paths=args.gin_search_path, default_imports=DEFAULT_IMPORTS)
   config_errors.require_bindings(f"--gin_file={QUICKSTART_CONFIG}")
+  check_env_requirements()
   workdir = args.workdir or default_workdir(args.gin_file)
   metrics.check_workdir(workdir)
   metrics.check_resumed_config(workdir, allow_change=args.allow_config_change)
   metrics.write_config(workdir)
   return workdir
+
+
+def check_env_requirements() -> None:
+  """Fails at launch when the configured env's package or program is missing (one line).
+
+  Raises:
+    config_errors.ConfigError: a `registry.MissingDependencyError` naming the install hint.
+  """
+  try:
+    name = gin.query_parameter(f"{TRAIN_CONFIG}.env_name")
+  except ValueError:  # not bound: TrainConfig's default env needs nothing
+    return
+  # Imported only here: the env modules are light, but run.py's flag parsing needs none of them.
+  envs = importlib.import_module("agentrl_jax.envs")
+  if isinstance(name, str) and name in envs.registry.names():
+    envs.registry.check_requirements(name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

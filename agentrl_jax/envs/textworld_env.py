@@ -68,7 +68,7 @@ def clean_feedback(text: str) -> str:
   return "\n".join(lines)
 
 
-@registry.register("textworld")
+@registry.register("textworld", requires=(registry.Requirement(module="textworld"),))
 class TextWorld(base.TextEnv):
   """One generated TextWorld game per episode.
 

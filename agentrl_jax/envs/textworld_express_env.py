@@ -105,7 +105,10 @@ def _params_text(params: str | dict[str, Any] | None, game: str) -> str:
   raise ValueError(f"game_params must be a str, a dict or None, got {params!r}")
 
 
-@registry.register("textworld_express")
+@registry.register("textworld_express", requires=(
+    registry.Requirement(module="textworld_express"),
+    registry.Requirement(program="java", install="install a Java runtime (apt-get install "
+                         "default-jre-headless)")))
 class TextWorldExpress(base.TextEnv):
   """One TextWorld-Express game per episode.
 
