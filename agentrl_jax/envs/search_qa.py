@@ -184,7 +184,7 @@ def _index(corpus_seed: int) -> _Index:
   return _Index(build_corpus(corpus_seed)["texts"])
 
 
-@registry.register("search_qa")
+@registry.register("search_qa", requires=(registry.Requirement(module="bm25s"),))
 class SearchQA(base.TextEnv):
   """Answer a multi-hop question by searching a local corpus, then answering.
 
