@@ -28,6 +28,10 @@ import numpy as np
 # Quoted invalid actions are cut to this many characters so a 10k-character generation cannot blow
 # up the next observation (and the context window).
 _MAX_QUOTED_ACTION_CHARS = 16
+# A reply longer than this is not read for an action word: a short reply names its move, and
+# scanning a runaway generation for one would reward rambling.
+_MAX_FREE_TEXT_ACTION_CHARS = 200
+_WORD = re.compile(r"\w+")
 
 
 class StepResult(NamedTuple):
@@ -71,6 +75,15 @@ class TextEnv(abc.ABC):
     self._turn = 0
     self._done = True
     self._started = False
+
+  @property
+  def instructions(self) -> str:
+    """The task's rules and the exact reply format, for a chat model's system message.
+
+    "" when the env has none: the first observation is then all the policy is told (enough for a
+    policy trained from scratch on the env's own framing, which never reads this).
+    """
+    return ""
 
   @property
   def turn(self) -> int:
@@ -175,14 +188,20 @@ def _as_seed(seed: Any, label: str) -> int:
 
 
 def parse_action(action: Any, action_words: tuple[str, ...]) -> str | None:
-  """Returns the canonical action word for `action`, or None when it is not one.
+  """Returns the action word `action` names, or None when it names none or several.
 
-  Matching ignores case and surrounding whitespace, so "  Left\n" is "left".
+  Matching ignores case and surrounding whitespace, so "  Left\n" is "left". A free-text reply
+  counts when exactly one of its words is an action word: "I move right." is "right", while
+  "left or right", "up up" and "jump" name several or none. A pretrained chat model rarely
+  answers with a bare word; a reply that names one move is still one unambiguous action.
   """
-  if not isinstance(action, str):
+  if not isinstance(action, str) or len(action) > _MAX_FREE_TEXT_ACTION_CHARS:
     return None
   word = action.strip().lower()
-  return word if word in action_words else None
+  if word in action_words:
+    return word
+  named = [w for w in _WORD.findall(word) if w in action_words]
+  return named[0] if len(named) == 1 else None
 
 
 def invalid_action_message(action: Any, action_words: tuple[str, ...]) -> str:

@@ -84,6 +84,15 @@ class FrozenLake(base.TextEnv):
     self._rng = np.random.default_rng(0)
 
   @property
+  def instructions(self) -> str:
+    """The rules and the reply format, for a chat model's system message."""
+    n = self.size
+    return (f"You play FrozenLake on a {n}x{n} grid shown one row per line: P is you, F is safe "
+            "ice, H is a hole, G is the goal. You start at the top left; the goal is at the "
+            "bottom right. Each turn, move one cell toward G without stepping on H. Reply with "
+            "one word: left, down, right or up.")
+
+  @property
   def goal(self) -> tuple[int, int]:
     """The goal's (row, column): the bottom-right corner."""
     return (self.size - 1, self.size - 1)

@@ -224,6 +224,15 @@ class SearchQA(base.TextEnv):
     self._evidence = False
     self._searched: list[str] = []
 
+  @property
+  def instructions(self) -> str:
+    """The task and the exact action syntax, for a chat model's system message."""
+    return ("Answer the question by searching a collection of documents about made-up people, "
+            "companies, cities and countries; the answer is never common knowledge. Each turn, "
+            f"reply with exactly one action and nothing else: search[query] shows the top "
+            f"{self.top_k} documents for the query; answer[text] gives your final answer and "
+            f"ends the episode. You have at most {self.max_turns} turns.")
+
   def _reset(self, seed: int) -> str:
     self.task = self._source.task(seed) if self._source else make_task(seed, self.corpus_seed)
     self._evidence = False

@@ -29,6 +29,7 @@ from agentrl_jax.envs import base as envs_base
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer
 from agentrl_jax.rollout import context as context_lib
+from agentrl_jax.rollout import conversation as conversation_lib
 from agentrl_jax.rollout import sampler as sampler_lib
 from agentrl_jax.rollout import workers as workers_lib
 
@@ -129,6 +130,7 @@ class RolloutStats:
             self.invalid_actions / max(self.turns, 1),
         f"{prefix}truncated": self.truncated, f"{prefix}budget_truncated": self.budget_truncated,
         f"{prefix}stop_string_rate": self.stop_string_cuts / max(self.turns, 1),
+        f"{prefix}action_tokens_per_turn": self.sampled_tokens / max(self.turns, 1),
         f"{prefix}tokens_per_s": self.sampled_tokens / secs,
         f"{prefix}turns_per_s": self.turns / secs, f"{prefix}seconds": self.seconds,
     }
@@ -278,11 +280,44 @@ def record_step(traj: types.Trajectories, row: int, result, turn: int,
   return False
 
 
+def env_instructions(env) -> str:
+  """The env's rules for a system message; "" for an env (or a worker handle) without them."""
+  return getattr(env, "instructions", "") or ""
+
+
+def last_token(traj: types.Trajectories, row: int, cursor: int) -> int | None:
+  """The last id of `row`'s conversation before `cursor`, or None when it is empty."""
+  return int(traj.tokens[row, cursor - 1]) if cursor > 0 else None
+
+
+def _with_stop_tokens(config: RolloutConfig, stop_ids: Sequence[int]) -> RolloutConfig:
+  """`config` whose sampling also stops at `stop_ids` (placed first; already present: kept)."""
+  have = tuple(config.sampling.stop_token_ids)
+  merged = tuple(stop_ids) + tuple(i for i in have if i not in stop_ids)
+  if merged == have:
+    return config
+  return dataclasses.replace(config, sampling=dataclasses.replace(config.sampling,
+                                                                  stop_token_ids=merged))
+
+
 class RolloutRunner:
   """Collects batches of trajectories from text envs with a policy or a scripted actor."""
 
   def __init__(self, graphdef, model_config: transformer.TransformerConfig,
-               tokenizer: tokenizer_lib.Tokenizer, config: RolloutConfig):
+               tokenizer: tokenizer_lib.Tokenizer, config: RolloutConfig,
+               conversation: conversation_lib.Conversation | None = None):
+    """Builds the runner and its jitted sampler.
+
+    Args:
+      graphdef: the policy's module structure.
+      model_config: the policy's architecture.
+      tokenizer: exact `encode`/`decode` of the policy's vocabulary.
+      config: shapes and sampling; the conversation's stop tokens are added to its sampling's
+        (first, so a scripted action ends with the conversation's own end token).
+      conversation: how observations are framed; default `ObsActConversation(tokenizer)`.
+    """
+    self.conversation = conversation or conversation_lib.ObsActConversation(tokenizer)
+    config = _with_stop_tokens(config, self.conversation.stop_token_ids)
     self.config = config
     self.tokenizer = tokenizer
     self.model_config = model_config
@@ -301,10 +336,19 @@ class RolloutRunner:
     """Stops the env workers (threads are abandoned, processes are ended)."""
     self._stepper.close()
 
-  def observation_tokens(self, text: str) -> list[int]:
-    """The chunk an observation becomes: <|obs|> text <|act|>."""
-    tok = self.tokenizer
-    return [tok.obs_id] + tok.encode(text) + [tok.act_id]
+  def observation_tokens(self, text: str, *, turn: int = 0, instructions: str = "",
+                         last_token: int | None = None) -> list[int]:
+    """The chunk an observation becomes (`Conversation.observation`; <|obs|> text <|act|> by
+    default, where the other arguments do not matter).
+
+    Args:
+      text: the observation.
+      turn: the turn it opens.
+      instructions: the env's rules (`TextEnv.instructions`), for the system message.
+      last_token: the row's last id so far (None at turn 0).
+    """
+    return self.conversation.observation(text, turn=turn, instructions=instructions,
+                                         last_token=last_token)
 
   def action_text(self, ids: Sequence[int]) -> str:
     """The text the env receives: the action without stop tokens and thinking blocks."""
@@ -357,7 +401,7 @@ class RolloutRunner:
       traj.extras[extra_keys.FLOOR_KEY] = np.zeros((b, cfg.max_turns), np.float32)
     for turn in range(cfg.max_turns):
       turn_open[:, turn] = cursor
-      chunks = self._append_observations(traj, observations, active, cursor, turn, stats)
+      chunks = self._append_observations(traj, envs, observations, active, cursor, turn, stats)
       if not active.any():
         break
       floor = (self._context_floors(traj, turn_open, cursor, spent, active, turn)
@@ -383,11 +427,13 @@ class RolloutRunner:
     stats.seconds = time.perf_counter() - start_time
     return traj, stats
 
-  def _append_observations(self, traj, observations, active, cursor, turn, stats):
+  def _append_observations(self, traj, envs, observations, active, cursor, turn, stats):
     """Tokenizes each live row's observation once and writes it; ends rows that would overflow."""
     chunks: list[list[int]] = [[] for _ in observations]
     for i in np.flatnonzero(active):
-      ids = self.observation_tokens(observations[i])
+      ids = self.observation_tokens(observations[i], turn=turn,
+                                    instructions=env_instructions(envs[i]),
+                                    last_token=last_token(traj, i, cursor[i]))
       if not observation_fits(self.config, cursor[i], ids):
         active[i] = False
         end_truncated(traj, i, turn, stats)

@@ -357,7 +357,9 @@ def append_observations(runner: loop_lib.RolloutRunner, batch: RowBatch, turn: i
   """
   batch.chunks = [[] for _ in range(batch.size)]
   for i in np.flatnonzero(batch.active):
-    ids = runner.observation_tokens(batch.observations[i])
+    ids = runner.observation_tokens(
+        batch.observations[i], turn=turn, instructions=loop_lib.env_instructions(batch.envs[i]),
+        last_token=loop_lib.last_token(batch.traj, i, batch.cursor[i]))
     if not loop_lib.observation_fits(runner.config, batch.cursor[i], ids):
       batch.active[i] = False
       loop_lib.end_truncated(batch.traj, i, turn, stats)
