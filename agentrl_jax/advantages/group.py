@@ -185,6 +185,9 @@ def _segment_deviations(scores, group_id, num_groups, weights) -> GroupDeviation
 # Group sizes that get a compiled reshape branch under jit (those that divide B). Each branch adds
 # about half a second of XLA CPU compile time, so only the usual GRPO group sizes are listed.
 CONTIGUOUS_GROUP_SIZES = (2, 4, 8, 16, 32, 64)
+# Under jit the branches are compiled only from this many rows on: below it the segment path
+# takes well under a millisecond on CPU, less than the branches' compile time could ever repay.
+MIN_TRACED_CONTIGUOUS_ROWS = 1 << 16
 
 
 def _contiguous_group_sizes(rows: int, num_groups: int) -> list[int]:
@@ -233,9 +236,9 @@ def group_deviations(
 
   Layout fast path: when `group_id[b] = b // n` (groups side by side and equal in size, as the
   rollout produces them) the sums are a reshape to `[G, n]` and matrix-vector products instead of
-  segment scatters. NumPy ids are inspected on the host (any n); under `jit` one pass over the
-  ids picks, with `lax.switch`, a compiled branch for n in `CONTIGUOUS_GROUP_SIZES` (those that
-  divide B), or the segment path.
+  segment scatters. NumPy ids are inspected on the host (any n); under `jit`, from
+  `MIN_TRACED_CONTIGUOUS_ROWS` rows on, one pass over the ids picks, with `lax.switch`, a
+  compiled branch for n in `CONTIGUOUS_GROUP_SIZES` (those that divide B), or the segment path.
 
   Args:
     scores: `[B]` float.
@@ -257,7 +260,7 @@ def group_deviations(
       return _contiguous_deviations(scores, weights, n)
     return _segment_deviations(scores, jnp.asarray(group_id), num_groups, weights)
   group_id = jnp.asarray(group_id)
-  if not sizes:
+  if not sizes or rows < MIN_TRACED_CONTIGUOUS_ROWS:
     return _segment_deviations(scores, group_id, num_groups, weights)
   n = _traced_contiguous_group_size(group_id)
   # Branch i < len(sizes) is the reshape for sizes[i]; the last one is the segment path.

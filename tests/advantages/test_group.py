@@ -310,7 +310,8 @@ def test_contiguous_group_size_on_host():
     (np.arange(24) // 4)[::-1].copy(),  # groups side by side but in reverse order: segments
     np.r_[np.arange(23) // 4, [6]],  # last id is out of range under jit: NaN, not a reshape
 ], ids=["n4", "n6", "n4-again", "n3", "unequal", "reversed", "out-of-range"])
-def test_fast_path_equals_segment_path(ids):
+def test_fast_path_equals_segment_path(ids, monkeypatch):
+  monkeypatch.setattr(group, "MIN_TRACED_CONTIGUOUS_ROWS", 0)  # the lax.switch at 24 rows
   rng = np.random.default_rng(0)
   scores = (rng.standard_normal(24) + 100).astype(np.float32)
   weights = (rng.random(24) > 0.3).astype(np.float32)
