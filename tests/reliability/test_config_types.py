@@ -67,8 +67,10 @@ def test_wrong_type_on_the_command_line_is_one_line_naming_it(main, tmp_path, ca
 
 def test_wrong_type_in_a_gin_file_names_the_file(main, tmp_path, capsys):
   bad = tmp_path / "bad.gin"
-  bad.write_text(pathlib.Path(QUICKSTART).read_text() + "\nconfigs.TrainConfig.seed = 'zero'\n")
-  code = main([f"--gin_file={bad}", f"--workdir={tmp_path / 'run'}"])
+  bad.write_text("from __gin__ import dynamic_registration\n"
+                 "from agentrl_jax.learner import configs\n\n"
+                 "configs.TrainConfig.seed = 'zero'\n")
+  code = main([f"--gin_file={QUICKSTART}", f"--gin_file={bad}", f"--workdir={tmp_path / 'run'}"])
   err = capsys.readouterr().err
   assert code == 2 and len(err.strip().splitlines()) == 1, err
   assert str(bad) in err and "configs.TrainConfig.seed expects int, got 'zero' (str)" in err, err
