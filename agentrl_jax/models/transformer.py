@@ -59,9 +59,20 @@ class TransformerConfig:
   head: Literal["lm", "value"] = "lm"
   num_experts: int = 0
   experts_per_token: int = 2
+  # 'layer': a full forward pass (the learner's) keeps only each decoder layer's input for the
+  # backward and recomputes the layer's inside (jax.checkpoint): activation memory falls from
+  # every layer's intermediates to one layer's, for a second forward of compute.
+  remat: Literal["none", "layer"] = "none"
+  # Compute dtype of activations and matmuls; parameters stay float32, and the logits (head),
+  # norms, RoPE and attention scores accumulate in float32.
+  dtype: Literal["float32", "bfloat16"] = "float32"
 
   def __post_init__(self):
     config_errors.check_field_types(self)
+    if self.remat not in ("none", "layer"):
+      raise ValueError(f"TransformerConfig.remat must be 'none' or 'layer', got {self.remat!r}")
+    if self.dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"TransformerConfig.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
     for name in ("vocab_size", "num_layers", "d_model", "num_heads", "max_turns", "max_slots"):
       if getattr(self, name) <= 0:
         raise ValueError(f"TransformerConfig.{name} must be positive, got {getattr(self, name)}")
@@ -105,6 +116,10 @@ class TransformerConfig:
   @property
   def hidden_dim(self) -> int:
     return self.mlp_dim or 4 * self.d_model
+
+  @property
+  def compute_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.dtype)
 
 
 def tiny(vocab_size: int, **overrides) -> TransformerConfig:
@@ -256,8 +271,11 @@ class Positions:
       yield self.floor
 
 
-def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
+def dense(x: jax.Array, w: jax.Array, contract: int = 1, out_dtype=None) -> jax.Array:
   """x [..., *w.shape[:contract]] times w [*in, *out] -> [..., *out], as one 2-D matmul.
+
+  The weight is cast to x's dtype (the compute dtype; a no-op in float32) and the products
+  accumulate in float32; the result is in `out_dtype` (default: x's dtype).
 
   Leading activation dims (batch, time) and the weight's input and output dims are flattened
   first: XLA:CPU computes the weight gradient of a contraction with several free activation dims
@@ -267,8 +285,13 @@ def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
   k_shape, out_shape = w.shape[:contract], w.shape[contract:]
   k = math.prod(k_shape)
   lead = x.shape[:x.ndim - contract]
-  y = x.reshape(-1, k) @ w.reshape(k, -1)
-  return y.reshape(*lead, *out_shape)
+  out_dtype = x.dtype if out_dtype is None else out_dtype
+  if x.dtype == jnp.float32:  # the float32 path exactly as it always was
+    y = x.reshape(-1, k) @ w.reshape(k, -1)
+  else:
+    y = jnp.matmul(x.reshape(-1, k), w.reshape(k, -1).astype(x.dtype),
+                   preferred_element_type=jnp.float32)
+  return y.reshape(*lead, *out_shape).astype(out_dtype)
 
 
 def _param(rngs: nnx.Rngs, init, shape, axes) -> nnx.Param:
@@ -346,7 +369,9 @@ class Attention(nnx.Module):
   def _project(self, x):
     q, k, v = (dense(x, w[...]) for w in (self.wq, self.wk, self.wv))
     if self.config.qkv_bias:
-      q, k, v = q + self.bq[...], k + self.bk[...], v + self.bv[...]
+      dt = x.dtype
+      q, k, v = (q + self.bq[...].astype(dt), k + self.bk[...].astype(dt),
+                 v + self.bv[...].astype(dt))
     return q, k, v
 
   def __call__(self, x, pos: Positions, layer_cache: tuple[jax.Array, jax.Array] | None,
@@ -426,6 +451,14 @@ class Block(nnx.Module):
     return x + self.mlp(self.mlp_norm(x)), new_cache, None
 
 
+def _block(block: Block, x, pos, layer_cache, cache_length, replay):
+  return block(x, pos, layer_cache, cache_length, replay)
+
+
+# Saves the layer's inputs only; the backward reruns the layer to get its intermediates.
+_checkpointed_block = nnx.remat(_block)
+
+
 class Transformer(nnx.Module):
   """Decoder LM (head='lm': logits [B, T, V]) or critic (head='value': values [B, T])."""
 
@@ -455,12 +488,13 @@ class Transformer(nnx.Module):
     return x
 
   def head_out(self, h):
+    """Logits (or values) of hidden states h, always float32."""
     c = self.config
     if c.head == "value":
-      return h @ self.value_head[...]
+      return h.astype(jnp.float32) @ self.value_head[...]
     if c.tie_embeddings:
-      return dense(h, self.embed[...].T)
-    return dense(h, self.lm_head[...])
+      return dense(h, self.embed[...].T, out_dtype=jnp.float32)
+    return dense(h, self.lm_head[...], out_dtype=jnp.float32)
 
   def __call__(self, tokens: jax.Array, pos: Positions, cache: KVCache | None = None,
                routing: jax.Array | None = None):
@@ -494,12 +528,14 @@ class Transformer(nnx.Module):
     chex.assert_rank([tokens, pos.position], 2)
     if routing is not None and not self.config.num_experts:
       raise ValueError("routing replay was given to a dense model (num_experts=0)")
-    x = self.embed_tokens(tokens, pos)
+    x = self.embed_tokens(tokens, pos).astype(self.config.compute_dtype)
     new_k, new_v, experts = [], [], []
+    # Only a full pass is differentiated (the learner); a cached pass (sampling) never is.
+    call = _checkpointed_block if cache is None and self.config.remat == "layer" else _block
     for i, block in enumerate(self.blocks):
       layer_cache = None if cache is None else (cache.k[i], cache.v[i])
-      x, layer_new, used = block(x, pos, layer_cache, None if cache is None else cache.length,
-                                 None if routing is None else routing[:, :, i])
+      x, layer_new, used = call(block, x, pos, layer_cache, None if cache is None else cache.length,
+                                None if routing is None else routing[:, :, i])
       if layer_new is not None:
         new_k.append(layer_new[0])
         new_v.append(layer_new[1])
