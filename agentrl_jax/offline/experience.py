@@ -49,6 +49,7 @@ import numpy as np
 from agentrl_jax import config_errors
 from agentrl_jax import extra_keys
 from agentrl_jax import types
+from agentrl_jax.advantages import group
 from agentrl_jax.envs import base as envs_base
 from agentrl_jax.envs import registry
 
@@ -208,15 +209,14 @@ class LibraryConfig:
 
 
 def group_advantages(returns: Sequence[float], seeds: Sequence[int], eps: float = 1e-6) -> np.ndarray:
-  """GRPO advantages (§0.2): return minus its seed group's mean, over the unbiased std; 0 alone."""
-  r = np.asarray(returns, np.float64)
-  out = np.zeros_like(r)
-  seeds = np.asarray(seeds)
-  for s in np.unique(seeds):
-    idx = seeds == s
-    if idx.sum() > 1:
-      out[idx] = (r[idx] - r[idx].mean()) / (r[idx].std(ddof=1) + eps)
-  return out
+  """GRPO advantages of episode returns within their seed's group (the library's
+  `group.group_relative_advantages`: minus the group mean, over the unbiased std); 0 for a seed
+  played once, which has no group to be compared with."""
+  _, ids, counts = np.unique(np.asarray(seeds), return_inverse=True, return_counts=True)
+  advantages = group.group_relative_advantages(
+      jnp.asarray(returns, jnp.float32), jnp.asarray(ids, jnp.int32), num_groups=len(counts),
+      eps=eps)
+  return np.where(counts[ids] > 1, np.asarray(advantages, np.float64), 0.0)
 
 
 class ExperienceLibrary:

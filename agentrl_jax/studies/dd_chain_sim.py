@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentrl_jax.advantages import density
+from agentrl_jax.advantages import group
 from agentrl_jax.envs import base
 from agentrl_jax.envs import dd_chain
 from agentrl_jax.studies import fits
@@ -211,10 +212,15 @@ def chain_returns(actions: Array, targets: Array, decision_mask: Array, beta: fl
 
 
 def leave_one_out_advantages(returns: Array) -> Array:
-  """`Â_i = R_i − (Σ_{j≠i} R_j)/(G − 1)` over the last axis (independent of episode i: unbiased)."""
-  group_size = returns.shape[-1]
-  others = (jnp.sum(returns, axis=-1, keepdims=True) - returns) / (group_size - 1)
-  return returns - others
+  """`Â_i = R_i − (Σ_{j≠i} R_j)/(G − 1)` over the last axis (independent of episode i: unbiased).
+
+  The library's RLOO kernel (`group.leave_one_out_advantages`), each row of `returns` a group.
+  """
+  shape = returns.shape
+  flat = returns.reshape(-1)
+  rows = flat.shape[0] // shape[-1]
+  ids = jnp.repeat(jnp.arange(rows, dtype=jnp.int32), shape[-1])
+  return group.leave_one_out_advantages(flat, ids, num_groups=rows).reshape(shape)
 
 
 # ------------------------------------------------------------------------------------------------

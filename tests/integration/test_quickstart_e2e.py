@@ -62,7 +62,8 @@ def test_two_iterations_then_resume(tmp_path, capsys):
   assert os.path.exists(os.path.join(workdir, "operative_config.gin"))
   assert os.path.exists(os.path.join(workdir, "config.gin"))
 
-  assert main(_argv(workdir, 3)) == 0
+  # Training longer is a config change (num_iterations 2 -> 3): the relaunch says it goes on.
+  assert main(_argv(workdir, 3) + ["--allow_config_change"]) == 0
   out = capsys.readouterr().out
   assert "Resuming from the checkpoint at iteration 2" in out
   rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
