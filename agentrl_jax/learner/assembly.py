@@ -27,6 +27,7 @@ from agentrl_jax.learner import step as step_lib
 from agentrl_jax.models import distribution
 from agentrl_jax.models import gguf
 from agentrl_jax.models import hf
+from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer
 from agentrl_jax.rollout import conversation as conversation_lib
@@ -208,10 +209,21 @@ def abstract_graphdef(model: transformer.TransformerConfig, seed: int):
 
 
 def initial_state(policy_params, *, model, critic_cfg, seed: int, policy_opt, critic_opt,
-                   keep_ref: bool) -> types.ActorCriticState:
+                   keep_ref: bool, lora: lora_lib.LoRAConfig | None = None
+                   ) -> types.ActorCriticState:
   """Step 0 of a run (under jit on a mesh, so it is created sharded); `policy_params` are loaded
-  weights, or None to initialise them from `seed`."""
-  if policy_params is None:
+  weights, or None to initialise them from `seed`.
+
+  With `lora`, `policy_params` is the frozen base (required) and the state's policy params are
+  fresh adapters on it (`lora.init_adapters`, the adapted model starting equal to the base): the
+  optimizer state is the adapters' alone, and no reference copy is kept, since the KL reference
+  is the base itself (`step.make_update_fn(lora=...)` takes it beside the state).
+  """
+  if lora is not None:
+    if policy_params is None:
+      raise ValueError("initial_state: a LoRA state needs its base parameters")
+    policy_params, keep_ref = lora_lib.init_adapters(policy_params, lora, seed), False
+  elif policy_params is None:
     policy_params = transformer.create(model, seed)[1]
   critic_params = transformer.create(critic_cfg, seed + 1)[1] if critic_cfg is not None else None
   return types.ActorCriticState(

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import resource
+import sys
 from typing import Any, Callable, Sequence
 
 import jax
@@ -28,6 +31,7 @@ from agentrl_jax.learner import warm_start as warm_start_lib
 from agentrl_jax.models import distribution
 from agentrl_jax.models import gguf
 from agentrl_jax.models import hf
+from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import transformer
 from agentrl_jax.parallel import mesh as mesh_lib
 from agentrl_jax.parallel import multihost
@@ -55,7 +59,8 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
           tokenizer_path: str | None = None,
           init_from: str | None = None,
           mesh: mesh_lib.MeshConfig | None = None,
-          strategy: strategies_common.Strategy | None = None) -> driver.Outcome:
+          strategy: strategies_common.Strategy | None = None,
+          lora: lora_lib.LoRAConfig | None = None) -> driver.Outcome:
   """Trains a policy on one environment and returns the summary.
 
   Args:
@@ -79,6 +84,13 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     strategy: a rollout strategy (TSR, T²PO, ARPO, ...) with
       `collect(runner, make_env, seeds, group_ids, *, params, rng, row_ids)`; None plays each
       episode once with the policy.
+    lora: train LoRA adapters on a frozen base (the `init_from` weights, else the seed's) instead
+      of the whole policy: the state holds the adapters and the optimizer updates them alone;
+      the update, the sampler and evaluation read the merged weights. Checkpoints keep the
+      adapters and the base's identity (its source and fingerprint), not the base: a resume
+      rebuilds the base from the same source and refuses a different one. At the end the
+      adapters (PEFT layout) go to `<workdir>/lora_adapters` and, for an HF-shaped model, the
+      merged weights to `<workdir>/lora_merged` (an HF checkpoint, `lora.export_merged`).
 
   Several processes (`jax.process_count() > 1`) each play their contiguous share of the batch
   (`multihost.host_share`) with a full local copy of the policy and join one global batch for
@@ -130,28 +142,44 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   policy_opt = assembly.make_optimizer(optim, config.num_iterations * updates_per_iteration)
   critic_opt = assembly.make_optimizer(critic_optim, config.num_iterations * updates_per_iteration) if config.use_critic else None
   init = functools.partial(assembly.initial_state, model=model, critic_cfg=critic_cfg, seed=config.seed,
-                           policy_opt=policy_opt, critic_opt=critic_opt, keep_ref=loss.kl_coef > 0)
+                           policy_opt=policy_opt, critic_opt=critic_opt, keep_ref=loss.kl_coef > 0,
+                           lora=lora)
+  lora_policy = None
+  if lora is not None:
+    if warm_start.iterations:
+      raise config_errors.ConfigError(
+          "learner.train.lora: the behaviour-cloning warm start trains whole weights; set "
+          "WarmStartConfig.iterations = 0 with LoRA")
+    base = loaded_params if loaded_params is not None else _seed_base(model, config.seed,
+                                                                     device_mesh, rules)
+    lora_policy = LoRAPolicy(config=lora, base=base,
+                             source=init_from or f"seed {config.seed} ({model.num_layers} layers)")
+    loaded_params = base  # what initial_state puts the adapters on
   if device_mesh is None:
     state = init(loaded_params)
   else:
     state = rules_lib.create_sharded(init, device_mesh, rules, loaded_params)
-    param_shardings = rules_lib.param_shardings(state.policy_params, device_mesh, rules)
+    # A LoRA state's adapters are small and replicated; the base is what must be sharded.
+    weights = state.policy_params if lora_policy is None else lora_policy.base
+    param_shardings = rules_lib.param_shardings(weights, device_mesh, rules)
     if multihost.is_writer():
-      print(rules_lib.sharding_table(state.policy_params, param_shardings), flush=True)
-    rules_lib.check_sufficiently_sharded(state.policy_params, param_shardings, device_mesh)
+      print(rules_lib.sharding_table(weights, param_shardings), flush=True)
+    rules_lib.check_sufficiently_sharded(weights, param_shardings, device_mesh)
 
   allowed = distribution.vocabulary_mask(model.vocab_size, rollout.sampling.allowed_token_ids)
   temperature = rollout.sampling.temperature or 1.0
   update = step_lib.make_update_fn(
       policy_graphdef=policy_graphdef, critic_graphdef=critic_graphdef, policy_optimizer=policy_opt,
       critic_optimizer=critic_opt, advantage_fn=advantage_fn, loss=loss, allowed=allowed,
-      temperature=temperature, max_actions=assembly.max_actions(rollout))
+      temperature=temperature, max_actions=assembly.max_actions(rollout), lora=lora)
   runner = loop_lib.RolloutRunner(policy_graphdef, model, tok, rollout, conversation)
   if isinstance(strategy, strategies_common.PolicyBound):  # SERL's teacher runs the policy
     strategy = strategy.bind(graphdef=policy_graphdef, allowed=allowed, temperature=temperature,
                              max_actions=assembly.max_actions(rollout))
   batch_envs = rollouts_lib.env_source(runner, rollout, config, make_env)
-  sampling_params = rollouts_lib.sampling_layout(state.policy_params, device_mesh)
+  sampling_params = rollouts_lib.sampling_layout(
+      state.policy_params if lora_policy is None else lora_policy.merged(state.policy_params),
+      device_mesh)
   greedy_runner = loop_lib.RolloutRunner(
       policy_graphdef, model, tok,
       dataclasses.replace(rollout, sampling=dataclasses.replace(rollout.sampling, temperature=0.0)),
@@ -163,7 +191,8 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
 
   writer = metrics_lib.MetricsWriter(workdir, process_index=jax.process_index())
   # Parts that keep memory across iterations (PEARL, SLEA's library) checkpoint it with the state.
-  stateful = [f for f in (*reward_shapers, *corrections, strategy, *hooks)
+  # The LoRA base's identity goes last, so the parts before it keep their checkpoint order.
+  stateful = [f for f in (*reward_shapers, *corrections, strategy, *hooks, lora_policy)
               if isinstance(f, driver.Stateful)]
   base_key = jax.random.key(config.seed)
   eval_key = driver.evaluation_key(base_key)
@@ -180,7 +209,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
                                                     it, params, jax.random.fold_in(base_key, it)),
       sampling_params, config.max_staleness, config.num_iterations)
   method = OnlineMethod(rollouts=rollouts, update=update, device_mesh=device_mesh,
-                        runners=(runner,))
+                        runners=(runner,), lora=lora_policy)
 
   outcome = driver.run(
       workdir, method, state,
@@ -191,8 +220,72 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
       stateful=stateful, hooks=hooks,
       hook_context=dict(workdir=workdir, tokenizer=tok, env_name=config.env_name, writer=writer,
                         pipeline=own_pipeline))
+  if lora_policy is not None and not outcome.preempted:
+    lora_policy.export(workdir, outcome.state.policy_params, model,
+                       hf_model_type(init_from, model))
   driver.print_summary(outcome, evaluation.num_tasks, evaluation.pass_k)
   return outcome
+
+
+def _seed_base(model: transformer.TransformerConfig, seed: int, device_mesh, rules):
+  """The base weights `initial_state` would draw from `seed` (sharded on a mesh)."""
+  create = lambda: transformer.create(model, seed)[1]
+  return create() if device_mesh is None else rules_lib.create_sharded(create, device_mesh, rules)
+
+
+def hf_model_type(init_from: str | None, model: transformer.TransformerConfig) -> str:
+  """The HF architecture a merged export is written as: the checkpoint's own when there is one."""
+  if init_from and os.path.exists(os.path.join(init_from, hf.CONFIG_FILE)):
+    return hf.load_config(init_from)[1].get("model_type", "llama")
+  return "qwen2" if model.qkv_bias else "llama"
+
+
+@dataclasses.dataclass(eq=False)
+class LoRAPolicy:
+  """A LoRA run's frozen base, held beside the state (whose policy params are the adapters).
+
+  The update takes the base as its third argument and the sampler and evaluation read
+  `merged(adapters)`. As a stateful part the checkpoint keeps the base's identity (`source`
+  and `fingerprint`), never its weights; a resume refuses a base whose fingerprint differs.
+  """
+
+  config: lora_lib.LoRAConfig
+  base: Any
+  source: str
+
+  def __post_init__(self):
+    self.fingerprint = lora_lib.fingerprint(self.base)
+    self._merge = jax.jit(lambda adapters, base: lora_lib.merged(
+        lora_lib.trainable(base, adapters), self.config))
+
+  def merged(self, adapters):
+    """The policy's full weights: the base with the adapters' deltas added (a fresh copy)."""
+    return self._merge(adapters, self.base)
+
+  def state_dict(self) -> dict[str, Any]:
+    return {"base_source": self.source, "base_fingerprint": self.fingerprint}
+
+  def load_state_dict(self, state: dict[str, Any]) -> None:
+    if state.get("base_fingerprint") != self.fingerprint:
+      raise config_errors.ConfigError(
+          f"learner.train.lora: the checkpoint's adapters were trained on base "
+          f"{state.get('base_source')!r} (fingerprint {state.get('base_fingerprint')}), but this "
+          f"run's base {self.source!r} has fingerprint {self.fingerprint}")
+
+  def export(self, workdir: str, adapters, model: transformer.TransformerConfig,
+             model_type: str) -> None:
+    """Writes the adapters and, for an HF-shaped model, the merged HF checkpoint."""
+    tree = lora_lib.trainable(multihost.local_replica(self.base), multihost.local_replica(adapters))
+    if not multihost.is_writer():
+      return
+    lora_lib.save_adapters(os.path.join(workdir, "lora_adapters"), tree["lora"], self.config, model)
+    try:
+      hf.hf_config(model, model_type)
+    except ValueError as e:  # turn_slot positions, a value head, ...: no HF equivalent
+      print(f"LoRA: adapters saved; no merged HF export ({e})", flush=True)
+      return
+    lora_lib.export_merged(os.path.join(workdir, "lora_merged"), model, tree, self.config,
+                           model_type=model_type)
 
 
 @dataclasses.dataclass(eq=False)
@@ -204,17 +297,21 @@ class OnlineMethod:
   device_mesh: Any
   runners: Sequence[loop_lib.RolloutRunner] = ()
   name: str = "online"
+  lora: LoRAPolicy | None = None  # set: state.policy_params are adapters on lora.base
 
   def iteration(self, state, iteration: int) -> driver.IterationResult:
-    traj, stats, lag = self.rollouts.get(iteration, state.policy_params)
+    traj, stats, lag = self.rollouts.get(iteration, self.policy_params(state))
     metrics = batches.iteration_metrics(traj, stats)
     metrics["rollout/policy_lag"] = lag
-    state, update_metrics = self.update(state, batches.global_batch(traj, self.device_mesh))
+    frozen = () if self.lora is None else (self.lora.base,)
+    state, update_metrics = self.update(state, batches.global_batch(traj, self.device_mesh), *frozen)
     metrics.update({k: float(v) for k, v in jax.device_get(update_metrics).items()})
+    metrics["memory/peak_rss_gb"] = peak_rss_gb()
     return driver.IterationResult(state, metrics, traj)
 
   def policy_params(self, state):
-    return state.policy_params
+    """The weights the sampler and evaluation read (LoRA: merged, a copy per call)."""
+    return state.policy_params if self.lora is None else self.lora.merged(state.policy_params)
 
   def progress(self, metrics) -> dict[str, float]:
     return {"success": metrics["train/success"], "loss": metrics.get("loss/policy", float("nan"))}
@@ -226,6 +323,12 @@ class OnlineMethod:
     self.rollouts.close()
     for runner in self.runners:
       runner.close()
+
+
+def peak_rss_gb() -> float:
+  """This process's resident-memory high-water mark so far, in GiB (`ru_maxrss`)."""
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return peak / 2**30 if sys.platform == "darwin" else peak / 2**20  # bytes on macOS, else KiB
 
 
 def run(workdir: str, *, entry: Callable[..., Any] = train) -> Any:

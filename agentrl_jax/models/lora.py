@@ -12,6 +12,7 @@ writes the adapters alone (`save_adapters`), named and shaped like PEFT adapter 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -124,6 +125,29 @@ def optimizer(tx: optax.GradientTransformation) -> optax.GradientTransformation:
   return optax.multi_transform({"lora": tx, "base": optax.set_to_zero()},
                                lambda tree: {"base": jax.tree.map(lambda _: "base", tree["base"]),
                                              "lora": jax.tree.map(lambda _: "lora", tree["lora"])})
+
+
+# Odd position weights are invertible mod 2**32: changing any one word changes a leaf's sum.
+def _word_sum(x: jax.Array) -> jax.Array:
+  unsigned = {4: jnp.uint32, 2: jnp.uint16, 1: jnp.uint8}[x.dtype.itemsize]
+  words = jax.lax.bitcast_convert_type(x, unsigned).reshape(-1).astype(jnp.uint32)
+  weights = jnp.arange(words.size, dtype=jnp.uint32) * jnp.uint32(2) + jnp.uint32(1)
+  return jnp.sum(words * weights, dtype=jnp.uint32)
+
+
+def fingerprint(params: nnx.State) -> str:
+  """A hex digest of a base's every weight: names, shapes, dtypes and bits.
+
+  The sums run on the devices that hold the (possibly sharded) weights, so only one word per
+  weight comes to the host. What a LoRA checkpoint keeps of its base instead of the base itself.
+  """
+  leaves = jax.tree_util.tree_leaves_with_path(params, is_leaf=_is_variable)
+  arrays = [var[...] if _is_variable(var) else var for _, var in leaves]
+  sums = jax.device_get(jax.jit(lambda xs: [_word_sum(x) for x in xs])(arrays))
+  digest = hashlib.sha256()
+  for (path, _), x, total in zip(leaves, arrays, sums):
+    digest.update(f"{hf.path_name(path)}:{tuple(x.shape)}:{x.dtype}:{int(total)};".encode())
+  return digest.hexdigest()[:32]
 
 
 def export_merged(directory: str, model: transformer.TransformerConfig, tree: dict,
