@@ -20,7 +20,8 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # Wall-clock figures differ between runs by nature; everything else must match.
-TIMING_KEYS = ("time/", "rollout/seconds", "rollout/tokens_per_s", "rollout/turns_per_s")
+TIMING_KEYS = ("time/", "memory/", "rollout/seconds", "rollout/tokens_per_s",
+               "rollout/turns_per_s")
 
 
 def _gin_file(tmp_path, num_iterations):

@@ -51,20 +51,27 @@ METHODS = {
               "rtpo.RTPOConfig.max_prefixes = 1"]),
     "serl": ("serl_frozenlake", "learner.train", ["teacher.PrivilegedTeacher.sync_every = 1"]),
 }
-# Wall-clock figures differ between any two runs.
-_TIMING = ("time/", "rollout/seconds", "rollout/tokens_per_s", "rollout/turns_per_s")
+# Wall-clock and memory figures differ between any two runs.
+_TIMING = ("time/", "memory/", "rollout/seconds", "rollout/tokens_per_s",
+           "rollout/turns_per_s")
 
 
 class Recorder:
-  """Hook: the most action tokens any trajectory of each iteration's batch held."""
+  """Hook: the most action tokens any trajectory of each iteration's batch held.
 
-  def __init__(self):
-    self.most_action_tokens = []
+  gin deep-copies bound values, so what a copy sees is kept in a class-level table by label.
+  """
+
+  seen: dict[str, list[int]] = {}
+
+  def __init__(self, label):
+    self.label = label
+    Recorder.seen[label] = []
 
   def __call__(self, event):
     if event.traj is not None:
       per_row = np.asarray(event.traj.action_mask).sum(axis=1)
-      self.most_action_tokens.append(int(per_row.max()))
+      Recorder.seen[self.label].append(int(per_row.max()))
 
 
 def _run_module():
@@ -97,24 +104,32 @@ def _final(workdir):
   return {k: v for k, v in _rows(workdir)[-1].items() if not k.startswith(_TIMING)}
 
 
+# Three launches per method (about a minute each on 2 cores, compiles dominate): DRIFT runs in
+# the default suite, every method under `-m slow`; the driver's own behaviours are also checked
+# with a toy method in test_driver.py.
+DEFAULT_SUITE = ("drift",)
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", [
+    n if n in DEFAULT_SUITE else pytest.param(n, marks=pytest.mark.slow) for n in sorted(METHODS)])
 def test_method_gets_the_drivers_behaviours(tmp_path, name):
-  reference = Recorder()
-  done = _launch(name, tmp_path / "reference", [reference])
+  done = _launch(name, tmp_path / "reference", [Recorder("reference")])
   assert not done.preempted and done.iterations == 2
   # log_every = 2: iteration 1 is not logged, iteration 2 (also the last) is.
   logged = [r["step"] for r in _rows(tmp_path / "reference") if "time/iteration_s" in r]
   assert logged == [2]
   assert math.isfinite(_final(tmp_path / "reference")["eval/greedy_success"])
   assert os.path.exists(tmp_path / "reference" / "operative_config.gin")
-  assert reference.most_action_tokens and max(reference.most_action_tokens) <= BUDGET
+  most = Recorder.seen["reference"]
+  assert most and max(most) <= BUDGET
 
-  stopped = _launch(name, tmp_path / "run", [Recorder(), preempt.StopAfter(1)])
+  stopped = _launch(name, tmp_path / "run", [Recorder("stopped"), preempt.StopAfter(1)])
   assert stopped.preempted and stopped.iterations == 1
   # checkpoint_every = 5: the checkpoint at iteration 1 is the stop's own.
   assert os.path.isdir(tmp_path / "run" / "checkpoints" / "1")
-  resumed = _launch(name, tmp_path / "run", [Recorder()])
+  resumed = _launch(name, tmp_path / "run", [Recorder("resumed")])
   assert resumed.resumed_from == 1 and resumed.iterations == 2 and not resumed.preempted
   assert _final(tmp_path / "run") == _final(tmp_path / "reference")
   assert resumed.success_after == done.success_after
+  assert max(Recorder.seen["stopped"] + Recorder.seen["resumed"]) <= BUDGET

@@ -295,7 +295,8 @@ def _last_row(workdir):
   return {k: v for k, v in rows[-1].items() if not k.startswith(_TIMING)}
 
 
-_TIMING = ("time/", "rollout/seconds", "rollout/tokens_per_s", "rollout/turns_per_s")
+_TIMING = ("time/", "memory/", "rollout/seconds", "rollout/tokens_per_s",
+           "rollout/turns_per_s")
 
 
 @pytest.mark.slow

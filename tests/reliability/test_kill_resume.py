@@ -30,7 +30,8 @@ BINDINGS = [
     "configs.EvalConfig.every = 10",
 ]
 # Wall-clock measurements differ between runs by nature; everything else must match exactly.
-TIMING = ("time/", "rollout/seconds", "rollout/tokens_per_s", "rollout/turns_per_s")
+TIMING = ("time/", "memory/", "rollout/seconds", "rollout/tokens_per_s",
+          "rollout/turns_per_s")
 
 
 def _command(workdir):
