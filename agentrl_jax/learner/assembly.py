@@ -163,6 +163,7 @@ def resolve(config: configs.TrainConfig, model, rollout: loop_lib.RolloutConfig,
     checkpoint_model, tok, conversation = _checkpoint_inputs(init_from, tokenizer_path)
   if tok is None:
     tok = tokenizer_lib.load_tokenizer(tokenizer_path)
+  registry.check_requirements(config.env_name)  # a missing engine: one line, before any env
   make_env = functools.partial(registry.make, config.env_name, **config.env_kwargs)
   probe_env = make_env()
   if probe_env.max_turns > rollout.max_turns:
@@ -187,7 +188,9 @@ def resolve(config: configs.TrainConfig, model, rollout: loop_lib.RolloutConfig,
     if checkpoint_model.vocab_size != tok.vocab_size:
       raise ValueError(f"learner.train.init_from={init_from!r}: vocab_size "
                        f"{checkpoint_model.vocab_size} differs from the tokenizer's {tok.vocab_size}")
-    model = checkpoint_model
+    # A binding agrees on the architecture; how it runs (remat, compute dtype) is its own.
+    model = checkpoint_model if model is None else dataclasses.replace(
+        checkpoint_model, remat=model.remat, dtype=model.dtype)
   model = dataclasses.replace(model or transformer.tiny(tok.vocab_size), vocab_size=tok.vocab_size)
   if config.restrict_to_action_words:
     if conversation is not None:

@@ -129,11 +129,11 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     try:
       path = assembly.init_path(init_from)
       load = gguf.load if assembly.is_gguf(path) else hf.load
-      _, policy_graphdef, loaded_params = load(path, shardings=shardings, expect=model)
+      _, _, loaded_params = load(path, shardings=shardings, expect=model)
     except ValueError as e:
       raise config_errors.ConfigError(f"learner.train.init_from: {e}") from e
-  else:
-    policy_graphdef = assembly.abstract_graphdef(model, config.seed)
+  # Built from the run's config, so remat and the compute dtype apply to loaded weights too.
+  policy_graphdef = assembly.abstract_graphdef(model, config.seed)
   critic_cfg = critic_graphdef = None
   if config.use_critic:
     critic_cfg = dataclasses.replace(critic_model or model, vocab_size=tok.vocab_size, head="value")
@@ -201,15 +201,16 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     return run_eval(multihost.local_replica(params), rng=jax.random.fold_in(eval_key, tag))
 
   def warm(state):
-    return warm_start_lib.behaviour_cloning(state, policy_graphdef, tok, rollout, warm_start, config, make_env, allowed,
-                       temperature, model, writer, device_mesh)
+    return warm_start_lib.behaviour_cloning(
+        state, policy_graphdef, tok, rollout, warm_start, config, make_env, allowed, temperature,
+        model, writer, device_mesh, conversation=conversation)
 
   rollouts = rollouts_lib.Rollouts(
       lambda it, params: rollouts_lib.collect_share(runner, strategy, make_env, batch_envs, config,
                                                     it, params, jax.random.fold_in(base_key, it)),
       sampling_params, config.max_staleness, config.num_iterations)
   method = OnlineMethod(rollouts=rollouts, update=update, device_mesh=device_mesh,
-                        runners=(runner,), lora=lora_policy)
+                        runners=(runner,), env_name=config.env_name, lora=lora_policy)
 
   outcome = driver.run(
       workdir, method, state,
@@ -297,10 +298,13 @@ class OnlineMethod:
   device_mesh: Any
   runners: Sequence[loop_lib.RolloutRunner] = ()
   name: str = "online"
+  env_name: str = ""
   lora: LoRAPolicy | None = None  # set: state.policy_params are adapters on lora.base
 
   def iteration(self, state, iteration: int) -> driver.IterationResult:
     traj, stats, lag = self.rollouts.get(iteration, self.policy_params(state))
+    # An env that faulted on every step trained on nothing: stop with its error, not success 0.
+    registry.check_env_faults(self.env_name, stats.turns, stats.faults)
     metrics = batches.iteration_metrics(traj, stats)
     metrics["rollout/policy_lag"] = lag
     frozen = () if self.lora is None else (self.lora.base,)

@@ -19,13 +19,13 @@ from agentrl_jax.rollout import loop as loop_lib
 SEED_BASE = 500_000_000
 
 
-def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_env, allowed, temperature,
-                model, writer, device_mesh=None):
+def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_env, allowed,
+                      temperature, model, writer, device_mesh=None, *, conversation=None):
   """Behaviour cloning on noisy scripted-expert episodes; returns the state with new policy params."""
   optimizer = optax.adam(warm_start.learning_rate)
   sft = step_lib.make_sft_fn(policy_graphdef=graphdef, optimizer=optimizer, allowed=allowed,
                              temperature=temperature, max_actions=assembly.max_actions(rollout))
-  demo_runner = loop_lib.RolloutRunner(graphdef, model, tok, rollout)
+  demo_runner = loop_lib.RolloutRunner(graphdef, model, tok, rollout, conversation)
   actor = loop_lib.noisy_expert(warm_start.expert_noise)
   params, opt_state = state.policy_params, optimizer.init(state.policy_params)
   n = warm_start.episodes_per_iteration

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from agentrl_jax import config_errors
 from agentrl_jax import files
 from agentrl_jax import types
+from agentrl_jax.envs import registry
 from agentrl_jax.learner import assembly
 from agentrl_jax.learner import configs
 from agentrl_jax.learner import driver
@@ -49,6 +50,7 @@ def collect(setup: assembly.Run, params, seeds: Sequence[int], groups: Sequence[
   """Plays one episode per seed with the policy; returns (host Trajectories, envs, stats)."""
   envs = [(make_env or setup.make_env)() for _ in seeds]
   traj, stats = setup.runner.collect(envs, seeds, groups, params=params, rng=rng)
+  registry.check_env_faults(envs[0].name if envs else "", stats.turns, stats.faults)
   return traj, envs, stats
 
 
@@ -73,7 +75,8 @@ def drive(workdir: str, method: driver.Method, state: types.ActorCriticState, *,
   def warm_start(state):
     return warm_start_lib.behaviour_cloning(
         state, setup.graphdef, setup.tokenizer, setup.rollout, warm, config, setup.make_env,
-        setup.allowed, setup.temperature, setup.model, writer)
+        setup.allowed, setup.temperature, setup.model, writer,
+        conversation=setup.runner.conversation)
 
   outcome = driver.run(
       workdir, method, state,

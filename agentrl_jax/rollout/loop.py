@@ -120,6 +120,9 @@ class RolloutStats:
   budget_truncated: int = 0
   stop_string_cuts: int = 0
   seconds: float = 0.0
+  # The faults themselves (`workers.StepFault`), so a run whose env fails every step can stop
+  # with the env's own error (`registry.check_env_faults`); not a metric.
+  faults: list = dataclasses.field(default_factory=list)
 
   def as_metrics(self, prefix: str = "rollout/") -> dict[str, float]:
     secs = max(self.seconds, 1e-9)
@@ -259,6 +262,7 @@ def record_step(traj: types.Trajectories, row: int, result, turn: int,
   """
   stats.turns += 1
   if isinstance(result, workers_lib.StepFault):
+    stats.faults.append(result)
     traj.env_error[row, turn] = True
     traj.done[row, turn] = True
     stats.env_errors += 1

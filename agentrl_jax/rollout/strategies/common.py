@@ -528,6 +528,7 @@ def merge_stats(into: loop_lib.RolloutStats, other: loop_lib.RolloutStats) -> No
   for name in ("turns", "sampled_tokens", "env_errors", "env_timeouts", "invalid_actions",
                "truncated"):
     setattr(into, name, getattr(into, name) + getattr(other, name))
+  into.faults.extend(other.faults)
 
 
 # ---------------------------------------------------------------------------------------------
