@@ -53,7 +53,8 @@ def turn_one_hot(traj: types.Trajectories) -> Array:
 
 
 def tokens_per_turn(traj: types.Trajectories) -> Array:
-  """`[B, N]` float32 number of action tokens in each turn (`ntok` of ALGORITHMS.md §0.1)."""
+  """`[B, N]` float32 number of action tokens in each turn (`ntok` of
+  docs/methods.md#conventions)."""
   return jnp.sum(turn_one_hot(traj), axis=1).astype(jnp.float32)
 
 

@@ -135,7 +135,7 @@ def empty_trajectories(batch_size: int, max_len: int, max_turns: int) -> Traject
 def broadcast_turns_to_tokens(turn_values: Array, turn_of_token: Array, action_mask: Array) -> Array:
   """Broadcasts a per-turn quantity [B, N] to the action tokens [B, L]; zero elsewhere.
 
-  `bcast(x)[b, l] = x[b, turn_of_token[b, l]] * action_mask[b, l]` (ALGORITHMS.md §0.1).
+  `bcast(x)[b, l] = x[b, turn_of_token[b, l]] * action_mask[b, l]` (docs/methods.md#conventions).
   """
   chex.assert_rank([turn_values, turn_of_token, action_mask], [2, 2, 2])
   safe_turn = jnp.clip(turn_of_token, 0, turn_values.shape[1] - 1)

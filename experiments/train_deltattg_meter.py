@@ -1,4 +1,4 @@
-r"""Trains DeltaTTG's frozen Token-to-Go progress meter (ALGORITHMS.md B.4) and saves it.
+r"""Trains DeltaTTG's frozen Token-to-Go progress meter (docs/methods.md#deltattg) and saves it.
 
 Records episodes from several scripted policies of different quality (the env's expert with its
 actions replaced by random ones at each of `--noise_levels`; noise 1 is a random policy), keeps

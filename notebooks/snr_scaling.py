@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # Gradient SNR versus decision density (ALGORITHMS.md §B.10.6, Experiment 1)
+# # Gradient SNR versus decision density ([docs/methods.md#snr-scaling](../docs/methods.md#snr-scaling), Experiment 1)
 #
 # **Hardware and runtime assumed.** CPU only, 2 cores, about 1 GB of memory. Full size
 # (`N_b = 4000` batches per density, 200 bootstrap resamples): about 1 minute including jit

@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # Training-step gap versus decision density (ALGORITHMS.md §B.10.7, Experiment 2)
+# # Training-step gap versus decision density ([docs/methods.md#step-gap](../docs/methods.md#step-gap), Experiment 2)
 #
 # **Hardware and runtime assumed.** CPU only, 2 cores, under 1 GB of memory. Full size (7
 # densities × 8 seeds × 2 estimators, cap 4000 updates): about 30 seconds including jit

@@ -1,4 +1,5 @@
-"""Decision density ρ̂ and gradient signal-to-noise ratio (ALGORITHMS.md §B.10, arXiv 2606.22164).
+"""Decision density ρ̂ and gradient signal-to-noise ratio (docs/methods.md#decision-density, arXiv
+2606.22164).
 
 Diagnostics, not estimators: `gradient_snr` measures how much signal a gradient estimator carries
 over a set of independent samples; `decision_density` estimates the fraction of consequential turns

@@ -4,7 +4,8 @@ Every estimator has the signature `fn(traj, values, **hyperparams) -> AdvantageO
 `advantages`/`returns` `[B, L]` float32, zero outside `traj.action_mask`, and zero on trajectories
 with an env fault (`traj.valid_trajectory` False); faulted trajectories also stay out of every
 group statistic. `values` is the critic's `[B, L]` output, or None for critic-free estimators.
-Hyperparameters are plain keyword arguments; gin binds them in learner code (ALGORITHMS.md §C.1).
+Hyperparameters are plain keyword arguments; gin binds them in learner code
+(docs/methods.md#implementation-notes).
 """
 
 from __future__ import annotations

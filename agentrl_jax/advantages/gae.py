@@ -1,7 +1,7 @@
 """Generalized advantage estimation over interleaved action/observation sequences.
 
-ALGORITHMS.md §A.1 (verl `compute_gae_advantage_return`, multi-turn version). The same kernel runs
-over tokens `[B, L]` (mask = `action_mask`) and over turns `[B, N]` (mask = `turn_mask`).
+docs/methods.md#ppo-gae (verl `compute_gae_advantage_return`, multi-turn version). The same kernel
+runs over tokens `[B, L]` (mask = `action_mask`) and over turns `[B, N]` (mask = `turn_mask`).
 """
 
 from __future__ import annotations

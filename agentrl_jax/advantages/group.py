@@ -1,8 +1,8 @@
 """Group-relative baselines: GRPO, Dr.GRPO, RLOO, and the StarPO-S variance filter.
 
-ALGORITHMS.md §0.2, §A.3–A.5, §A.7. All statistics are segment reductions with a static number of
-segments `num_groups` (default `B`, so group ids must lie in `[0, B)`); there is no Python loop
-over groups.
+docs/methods.md#group-statistics, #grpo, #dr-grpo, #rloo, #starpo-s. All statistics are segment
+reductions with a static number of segments `num_groups` (default `B`, so group ids must lie in
+`[0, B)`); there is no Python loop over groups.
 
 Bad inputs. On host (NumPy) inputs the kernels call `check_group_ids`/`check_scores`, which raise a
 `ValueError` naming the offending value. Under `jit` nothing can raise, so the failure is made
@@ -277,7 +277,7 @@ def group_statistics(
     num_groups: int | None = None,
     weights: Array | None = None,
 ) -> GroupStatistics:
-  """Weighted count, mean and unbiased std of `scores` per group (ALGORITHMS.md §0.2).
+  """Weighted count, mean and unbiased std of `scores` per group (docs/methods.md#group-statistics).
 
   Corrected two passes (see `group_deviations`): `mean_g = m0_g + c_g` with `m0_g` the float32
   mean and `c_g` the mean of `s − m0_g`. With integer `weights` the result equals the statistics

@@ -1,4 +1,4 @@
-"""SPO: similarity-weighted leave-one-out baselines per turn (ALGORITHMS.md §B.16).
+"""SPO: similarity-weighted leave-one-out baselines per turn (docs/methods.md#spo).
 
 Formalised from the MM-Doc-R1 abstract (arXiv 2604.13579). The library takes precomputed prefix
 representations (e.g. mean-pooled frozen sentence embeddings of the agent's actions up to turn k);

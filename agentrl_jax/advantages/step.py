@@ -311,7 +311,7 @@ def gagpo_advantages(
       Â_{b,k}   = (A_{b,k} − mean_g A) / (std_g A + eps)  over all step rows of group g
 
   The normalisation uses the §0.2 rules (unbiased std; a group with one row keeps mean 0, std 1).
-  Formalised from arXiv 2605.13217 (ALGORITHMS.md §B.14); the action-level ratio of its loss is
+  Formalised from arXiv 2605.13217 (docs/methods.md#gagpo); the action-level ratio of its loss is
   `losses.policy.turn_mean_log_ratio`.
 
   Args:

@@ -3,8 +3,8 @@ and the per-depth advantage of RTPO (§B.9).
 
 All work on the turn layout `[B, N]`; a turn's statistics are taken over the trajectories of its
 group that reached that turn index (`turn_mask[b, k]`), with segment ids `group_id·N + k` (static
-`num_groups·N` segments). Group statistics follow ALGORITHMS.md §0.2 (unbiased std, and verl's rule
-that a lone row has mean 0 and std 1).
+`num_groups·N` segments). Group statistics follow docs/methods.md#group-statistics (unbiased std,
+and verl's rule that a lone row has mean 0 and std 1).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Masked moments and whitening (ALGORITHMS.md §A.1, verl `masked_whiten`).
+"""Masked moments and whitening (docs/methods.md#ppo-gae, verl `masked_whiten`).
 
 Whitening is its own function, called by the learner after an estimator; no estimator whitens.
 """

@@ -1,4 +1,4 @@
-"""C³ — Confidence-guided credit correction on flagged behaviour spans (ALGORITHMS.md B.3).
+"""C³ — Confidence-guided credit correction on flagged behaviour spans (docs/methods.md#c3).
 
 Outcome-only RL reinforces everything in a successful trajectory, bad local habits included
 (invalid calls, repeated actions, redundant tool calls). After advantage estimation, C³ shrinks
@@ -123,7 +123,8 @@ def c3(traj: types.Trajectories, advantages: Array, *, alpha: float = 1.0, kappa
   otherwise from `detectors` over the turns (see `flagged_turns`). Two detectors read extras:
   `redundant_tool_call` needs `extras["tool_call"]` and `format_error` needs
   `extras["format_error"]`, so the default runs the two that need only the data contract
-  (ALGORITHMS.md turns all four on; add the others where the env records their keys).
+  (the formalisation in docs/methods.md#c3 turns all four on; add the others where the env records
+  their keys).
 
   Args:
     traj: the batch.

@@ -1,4 +1,4 @@
-"""GCA — Grounded Credit Assignment for search agents (ALGORITHMS.md B.2).
+"""GCA — Grounded Credit Assignment for search agents (docs/methods.md#gca).
 
 An outcome advantage gives every token of a search-agent rollout the same credit, but a rollout
 exercises two capabilities: finding evidence (search turns) and using it (the answer turn). GCA

@@ -1,4 +1,4 @@
-"""SERL — selective environment-reweighted learning (ALGORITHMS.md B.13).
+"""SERL — selective environment-reweighted learning (docs/methods.md#serl).
 
 The task reward fixes the *direction* of every update; environment feedback decides *where and
 how much*. A teacher (a synced snapshot of the student) re-scores the student's sampled action

@@ -1,4 +1,4 @@
-"""DD-Chain: a text chain whose decision density ρ = m/T is exact (ALGORITHMS.md B.10.3).
+"""DD-Chain: a text chain whose decision density ρ = m/T is exact (docs/methods.md#dd-chain).
 
 Every episode lasts exactly T turns and every turn asks for a binary action "0" or "1". Only the
 m decision turns D = round(linspace(0, T-1, m)) enter the return

@@ -21,8 +21,8 @@ offer), `say <text>`. A deal ends the episode with reward = the policy's normali
 a deal beyond it is negative (clipped at -1). No deal (step cap) pays 0. Success is a deal with positive surplus.
 
 Every step also reports `info["process"]` with three dimensions in [0, 1] for stage-aware process
-rewards (ALGORITHMS.md B.7): `goal_advancement` (how far the gap between the two sides' latest
-prices has closed since the policy's first offer; 1 on a deal), `rapport` (the counterpart's
+rewards (docs/methods.md#socialrl): `goal_advancement` (how far the gap between the two sides'
+latest prices has closed since the policy's first offer; 1 on a deal), `rapport` (the counterpart's
 current rapport) and `protocol_coherence` (1 for a well-formed move consistent with the policy's
 goal and earlier moves, 0.5 for a legal but incoherent one: retracting a concession, or offering
 or accepting a price beyond the policy's own value; 0 for a malformed action).

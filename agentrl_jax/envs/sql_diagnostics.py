@@ -1,6 +1,6 @@
 """Clause-level comparison of a predicted SQL query with the gold query (Progress-SQL, B.11).
 
-ALGORITHMS.md B.11 scores a query by its alignment with the gold query:
+Progress-SQL (docs/methods.md#progress-sql) scores a query by its alignment with the gold query:
 
     S_str(q) = mean over clause types present in q or q* of F1(P_c(q), P_c(q*))
     S_lex(q) = F1 of the normalised SQL token multisets

@@ -11,7 +11,7 @@ path component, and `submit` (or `exit`) to end the episode.
 
 Each task (drawn from a template by the reset seed) comes with verifiers over the final
 filesystem state. `info["verifiers_passed"]` is reported every step, so a dense reward (count of
-passing verifiers, ALGORITHMS.md B.6) can be shaped from it; the final step's `sub_outcomes`
+passing verifiers, docs/methods.md#t1) can be shaped from it; the final step's `sub_outcomes`
 carry `verifiers_passed` and `verifiers_total`. The outcome reward is 1 when every verifier
 passes at the end of the episode, else 0.
 """

@@ -31,7 +31,7 @@ from agentrl_jax.models import transformer
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class LossConfig:
-  """Policy/value loss hyperparameters (ALGORITHMS.md A.1, A.2)."""
+  """Policy/value loss hyperparameters (docs/methods.md#ppo-gae, #ppo-loss)."""
 
   clip_low: float = 0.2
   clip_high: float = 0.2

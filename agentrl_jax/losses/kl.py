@@ -1,4 +1,4 @@
-"""Per-token KL estimators between the policy and a reference (ALGORITHMS.md §A.2, verl `kl_penalty`).
+"""Per-token KL estimators between the policy and a reference (docs/methods.md#ppo-loss, verl `kl_penalty`).
 
 Aggregate the result with `losses.policy.aggregate` for a KL loss, or subtract `β·kl` from the
 token rewards for KL in the reward. See J. Schulman, "Approximating KL Divergence" (2020).

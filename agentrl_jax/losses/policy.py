@@ -1,4 +1,4 @@
-"""PPO clipped surrogate, loss aggregation and masked entropy (ALGORITHMS.md §A.2).
+"""PPO clipped surrogate, loss aggregation and masked entropy (docs/methods.md#ppo-loss).
 
 Token-level inputs are `[B, L]`; `mask` is the action mask (1 on policy tokens).
 """

@@ -1,4 +1,4 @@
-"""Supervised and distillation terms: DRIFT's importance-weighted SFT (ALGORITHMS.md B.12) and
+"""Supervised and distillation terms: DRIFT's importance-weighted SFT (docs/methods.md#drift) and
 AHEAD's step-aware distillation advantage (B.8).
 
 Token-level arguments may span the whole conversation `[B, L]` or only the action tokens

@@ -1,4 +1,4 @@
-"""Clipped value loss for the critic (ALGORITHMS.md §A.1, verl `compute_value_loss`)."""
+"""Clipped value loss for the critic (docs/methods.md#ppo-gae, verl `compute_value_loss`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Critics: a separate value model, one initialised from the policy, or a head on the policy trunk.
 
 * Separate: `transformer.create(dataclasses.replace(policy_config, head="value"), seed)`.
-* From the policy (ALGORITHMS.md B.6 warm start): `critic_from_policy` copies the policy's trunk
+* From the policy (docs/methods.md#t1 warm start): `critic_from_policy` copies the policy's trunk
   (embeddings, blocks, final norm) into a value model with a fresh, zero value head, so the
   critic starts from what the (SFT'd) policy has learned and predicts 0 everywhere.
 * Shared trunk: `value_head_params` is one [D] vector read on top of the policy's features

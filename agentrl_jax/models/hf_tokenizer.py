@@ -4,7 +4,7 @@
 `encode`/`decode` the SentencePiece `models.tokenizer.Tokenizer` offers, so the rollout can use
 either. `ChatTemplate` renders a conversation one message at a time: the ids of turn k are
 appended to the ids of turns < k and never re-rendered, so the sampled action ids stay in the
-sequence exactly as drawn (TITO, ALGORITHMS.md B.6). Each message's ids are its template pieces
+sequence exactly as drawn (TITO, docs/methods.md#t1). Each message's ids are its template pieces
 (special tokens looked up by id) around `encode(content)`: since every boundary is a special
 token, encoding the pieces separately gives the same ids as encoding the whole rendered text.
 

@@ -1,7 +1,7 @@
 """Mixture-of-experts SwiGLU feed-forward with top-k routing, and routing replay (R3).
 
 Router: logits z = x·W_r over E experts; the top-k experts by logit are selected and their gates
-are softmax(z over the selected k) (top-k-then-softmax). Routing replay (ALGORITHMS.md B.6, R3):
+are softmax(z over the selected k) (top-k-then-softmax). Routing replay (docs/methods.md#t1, R3):
 given the expert indices the sampler recorded for each token, the selection is forced to them
 and the gates are recomputed from the current logits over exactly those k; gradients reach the
 router through the gate values, never through the (discrete) selection.

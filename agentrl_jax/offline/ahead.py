@@ -1,4 +1,4 @@
-"""AHEAD: GRPO plus step-aware self-distillation from a privileged teacher (ALGORITHMS.md B.8).
+"""AHEAD: GRPO plus step-aware self-distillation from a privileged teacher (docs/methods.md#ahead).
 
 The teacher is the same model (a snapshot, re-synced every `sync_every` updates) reading a
 privileged version of each step's context: the student's observation plus "feedback:" — the

@@ -1,4 +1,4 @@
-"""SLEA-RL: a step-level experience library injected into observations (ALGORITHMS.md B.18).
+"""SLEA-RL: a step-level experience library injected into observations (docs/methods.md#slea-rl).
 
 Three parts, all host-side:
   * observation clustering: `structural_key` maps an observation to the key of its structural

@@ -1,4 +1,5 @@
-"""Intrinsic penalty for actions whose observation the episode has already seen (ALGORITHMS.md B.1).
+"""Intrinsic penalty for actions whose observation the episode has already seen
+(docs/methods.md#curiosity).
 
 An agent stuck in a confident loop keeps producing observations it has seen before ("hit wall",
 the same page, the same error). Penalising such an action — only where the penalty cannot fight

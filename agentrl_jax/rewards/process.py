@@ -21,7 +21,7 @@ Array = jax.Array
 
 
 # B.7: three dimensions named in the SocialRL abstract (goal, relationship, coherence) and three
-# completed in ALGORITHMS.md. The order is the last axis of `extras["process_scores"]`.
+# completed in docs/methods.md#socialrl. The order is the last axis of `extras["process_scores"]`.
 DIMENSIONS = ("goal_advancement", "relational_attunement", "contextual_coherence",
               "information_seeking", "persona_consistency", "closure_quality")
 STAGES = ("early", "mid", "late")

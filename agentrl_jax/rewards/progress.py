@@ -1,4 +1,5 @@
-"""Progress-SQL's progressive rewards for multi-turn Text-to-SQL refinement (ALGORITHMS.md B.11).
+"""Progress-SQL's progressive rewards for multi-turn Text-to-SQL refinement
+(docs/methods.md#progress-sql).
 
 The agent writes SQL `q_0`, receives diagnostic feedback and refines it over turns `q_1 … q_K`.
 The rewards measure improvement rather than one state:

@@ -6,7 +6,7 @@ with their log-probs under the policy the learner scores (`policy_log_probs`: te
 vocabulary restriction; top-k/top-p only narrow which tokens may be drawn). Stop strings are cut
 on the host after the turn (`stop_string_cut`, `rolled_back`).
 
-Thinking intervention (T²PO, ALGORITHMS.md B.15, optional: `SamplingConfig.thinking`): inside a
+Thinking intervention (T²PO, docs/methods.md#t2po, optional: `SamplingConfig.thinking`): inside a
 thinking block the decode loop tracks a per-token uncertainty M_j and, once M stalls after
 `min_tokens` thinking tokens or the block reaches its `budget`, writes the close token instead of
 drawing one. Forced tokens are reported in `TurnSample.forced`: the policy did not sample them, so
@@ -30,7 +30,7 @@ from agentrl_jax.models import transformer
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ThinkingConfig:
-  """T²PO's token-level thinking intervention (ALGORITHMS.md B.15, formalised from the abstract).
+  """T²PO's token-level thinking intervention (docs/methods.md#t2po, formalised from the abstract).
 
   A row thinks after it emits `open_token_id` (or from its turn's first token with
   `start_thinking`) until it emits `close_token_id`. For the j-th thinking token of a block,
@@ -159,7 +159,7 @@ class TurnSample(NamedTuple):
   For a mixture-of-experts policy also the experts each token was routed to when it entered the
   model: `obs_routing` [B, T, layers, k] for the observation chunk and `routing`
   [B, A, layers, k] for the sampled tokens (None for a dense policy). The learner replays them
-  so its forward pass routes exactly as sampling did (ALGORITHMS.md B.6).
+  so its forward pass routes exactly as sampling did (docs/methods.md#t1).
 
   With a thinking intervention, `forced` [B, A] marks the close tokens it wrote instead of
   drawing (their log-prob is 0; they are not the policy's samples); None when thinking is off.

@@ -1,4 +1,5 @@
-"""Vectorised DD-Chain simulator for the decision-density studies (ALGORITHMS.md §B.10.3–B.10.7).
+"""Vectorised DD-Chain simulator for the decision-density studies
+(docs/methods.md#decision-density).
 
 The text env `envs.dd_chain` plays one episode at a time through the tokenizer; the studies need
 millions of episodes, so this module re-implements the same chain as array maths: a group of `G`

@@ -1,4 +1,4 @@
-"""Tests for agentrl_jax.credit.c3 (ALGORITHMS.md B.3)."""
+"""Tests for agentrl_jax.credit.c3 (docs/methods.md#c3)."""
 
 import functools
 

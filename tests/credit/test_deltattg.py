@@ -1,4 +1,4 @@
-"""Tests for agentrl_jax.credit.deltattg (ALGORITHMS.md B.4)."""
+"""Tests for agentrl_jax.credit.deltattg (docs/methods.md#deltattg)."""
 
 import jax
 import numpy as np

@@ -1,4 +1,4 @@
-"""Tests for agentrl_jax.credit.gca (ALGORITHMS.md B.2)."""
+"""Tests for agentrl_jax.credit.gca (docs/methods.md#gca)."""
 
 import functools
 

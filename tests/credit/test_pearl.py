@@ -1,4 +1,4 @@
-"""Tests for agentrl_jax.credit.pearl (ALGORITHMS.md B.5)."""
+"""Tests for agentrl_jax.credit.pearl (docs/methods.md#pearl)."""
 
 import json
 

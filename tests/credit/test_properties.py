@@ -1,4 +1,4 @@
-"""Shared property tests of every correction (ALGORITHMS.md Part C.2).
+"""Shared property tests of every correction (docs/methods.md#correction-properties).
 
 (sign) sign(A') ∈ {sign(A), 0}; (support) tokens outside the corrector's mask are unchanged;
 (identity) a neutral input gives A' = A; (jit) the same result under `jax.jit` and under `vmap`

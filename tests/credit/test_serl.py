@@ -1,4 +1,4 @@
-"""Tests for agentrl_jax.credit.serl (ALGORITHMS.md B.13)."""
+"""Tests for agentrl_jax.credit.serl (docs/methods.md#serl)."""
 
 import jax
 import numpy as np

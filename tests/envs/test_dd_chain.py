@@ -1,4 +1,4 @@
-"""Tests of DD-Chain, the decision-density chain of ALGORITHMS.md B.10.3."""
+"""Tests of DD-Chain, the decision-density chain of docs/methods.md#dd-chain."""
 
 import itertools
 

@@ -216,7 +216,7 @@ def test_bad_config_is_rejected():
     sql.TextToSQL(tiers=("extreme",))
 
 
-# sql_diagnostics (Progress-SQL clause-level comparison, ALGORITHMS.md B.11).
+# sql_diagnostics (Progress-SQL clause-level comparison, docs/methods.md#progress-sql).
 
 GOLD = ("SELECT c.name FROM customers AS c JOIN orders AS o ON c.customer_id = o.customer_id "
         "GROUP BY c.customer_id HAVING COUNT(*) >= 3")

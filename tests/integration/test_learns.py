@@ -27,6 +27,11 @@ SHORT = [
     "configs.EvalConfig.num_tasks = 64",
     "configs.EvalConfig.pass_k = 0",
     "configs.EvalConfig.every = 100",
+    # Four GRPO steps at the quickstart's 3e-4 on batches of 32 episodes undo the cloned greedy
+    # policy (measured: 0.42 after cloning, 0 after RL, identically before the run seam's
+    # refactor); at a tenth of it they refine it instead.
+    "configs.OptimConfig.learning_rate = 3e-5",
+    "configs.OptimConfig.end_learning_rate = 3e-5",
     "learner.train.hooks = []",
 ]
 

@@ -1,4 +1,4 @@
-"""Tests for agentrl_jax.rewards.curiosity (ALGORITHMS.md B.1)."""
+"""Tests for agentrl_jax.rewards.curiosity (docs/methods.md#curiosity)."""
 
 import jax
 import numpy as np

@@ -1,4 +1,4 @@
-"""Tests for agentrl_jax.rewards.progress (Progress-SQL, ALGORITHMS.md B.11)."""
+"""Tests for agentrl_jax.rewards.progress (Progress-SQL, docs/methods.md#progress-sql)."""
 
 import jax
 import numpy as np

@@ -1,4 +1,4 @@
-"""MoE routing record and replay (ALGORITHMS.md B.6): the learner routes as the sampler did."""
+"""MoE routing record and replay (docs/methods.md#t1): the learner routes as the sampler did."""
 
 import functools
 

@@ -1,4 +1,4 @@
-"""T²PO thinking intervention in the sampler and the rollout loop (ALGORITHMS.md B.15)."""
+"""T²PO thinking intervention in the sampler and the rollout loop (docs/methods.md#t2po)."""
 
 import dataclasses
 

@@ -1,4 +1,5 @@
-"""Tests for agentrl_jax.studies.dd_chain_sim (the unit tests of ALGORITHMS.md §B.10)."""
+"""Tests for agentrl_jax.studies.dd_chain_sim (the unit tests of
+docs/methods.md#decision-density)."""
 
 import functools
 

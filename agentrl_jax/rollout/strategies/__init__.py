@@ -8,7 +8,7 @@ the kept tokens (TITO), so any estimator and the PPO loss follow unchanged. Chos
 `@arpo.EntropyBranching()`). RTPO changes the training schedule itself: its tree sampling is here, its trainer
 (`learner.run.entry = @rtpo.train`) is `offline/rtpo.py`.
 
-  tsr.py     TSR best-of-N action selection and instance filtering (ALGORITHMS.md B.19)
+  tsr.py     TSR best-of-N action selection and instance filtering (docs/methods.md#tsr)
   t2po.py    T²PO turn-level dynamic sampling (B.15)
   arpo.py    ARPO entropy-triggered branching (A.8)
   rtpo.py    RTPO's sparse reverse trees: roots, prefixes, per-depth continuations (B.9)

@@ -1,4 +1,4 @@
-"""ARPO-style entropy branching (ALGORITHMS.md A.8)."""
+"""ARPO-style entropy branching (docs/methods.md#arpo)."""
 
 import jax
 import numpy as np

@@ -1,4 +1,4 @@
-"""RTPO reverse-turn updates on sparse reverse trees (ALGORITHMS.md B.9)."""
+"""RTPO reverse-turn updates on sparse reverse trees (docs/methods.md#rtpo)."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""T²PO turn-level dynamic sampling (ALGORITHMS.md B.15)."""
+"""T²PO turn-level dynamic sampling (docs/methods.md#t2po)."""
 
 import jax
 import numpy as np

@@ -1,4 +1,4 @@
-"""TSR best-of-N and instance filtering (ALGORITHMS.md B.19)."""
+"""TSR best-of-N and instance filtering (docs/methods.md#tsr)."""
 
 import copy
 
