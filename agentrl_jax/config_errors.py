@@ -96,8 +96,12 @@ def _quiet_include_search():
 def _parse_files_and_bindings(gin_files, gin_bindings, search_paths, default_imports) -> None:
   paths = [_find_gin_file(gin_file, search_paths) for gin_file in gin_files]
   _check_importable(default_imports)
-  # A file's `include`s are also looked up beside it (base files next to the configs using them).
-  for path in _unique([*search_paths, *(os.path.dirname(os.path.abspath(p)) for p in paths)]):
+  # A file's `include`s are also looked up beside it (base files next to the configs using them),
+  # also when the file is itself included from elsewhere.
+  directories = [*search_paths]
+  for path in paths:
+    directories += _include_directories(path, search_paths)
+  for path in _unique(directories):
     gin.add_config_file_search_path(path)
   file_imports = []
   for path in paths:
@@ -152,6 +156,33 @@ def _import_lines(text: str) -> list[str]:
   """The Python import statements of a gin config, without the dynamic-registration marker."""
   lines = [line.strip() for line in text.splitlines() if _IMPORT_LINE.match(line)]
   return [line for line in lines if "__gin__" not in line]
+
+
+_INCLUDE = re.compile(r"""^include\s+['"]([^'"]+)['"]""", re.M)
+
+
+def _include_directories(path: str, search_paths: Sequence[str], seen=None) -> list[str]:
+  """The directory of `path` and of every file it includes, recursively (each file's own
+  includes are written relative to where it sits)."""
+  seen = set() if seen is None else seen
+  path = os.path.abspath(path)
+  if path in seen:
+    return []
+  seen.add(path)
+  here = os.path.dirname(path)
+  found = [here]
+  try:
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+  except OSError:
+    return found  # gin reports the unreadable file itself
+  for name in _INCLUDE.findall(text):
+    candidates = [name] if os.path.isabs(name) else [
+        os.path.join(d, name) for d in (here, *search_paths)]
+    target = next((c for c in candidates if os.path.isfile(c)), None)
+    if target is not None:
+      found += _include_directories(target, search_paths, seen)
+  return found
 
 
 def _unique(items: Sequence[str]) -> list[str]:

@@ -25,3 +25,32 @@ def test_config_parses_and_has_a_header(path):
     config_errors.parse_config([str(path)], [])
   finally:
     gin.clear_config()
+
+
+BASES = sorted((CONFIGS[0].parent / "base").glob("*.gin"))
+
+
+@pytest.mark.parametrize("path", BASES, ids=lambda p: p.stem)
+def test_base_file_parses_alone(path):
+  gin.clear_config()
+  try:
+    config_errors.parse_config([str(path)], [])
+  finally:
+    gin.clear_config()
+
+
+def test_a_config_elsewhere_can_include_a_shipped_one(tmp_path):
+  # quickstart.gin includes base/online.gin relative to itself; that must hold when quickstart.gin
+  # is itself included by absolute path from another directory.
+  mine = tmp_path / "mine.gin"
+  mine.write_text(f"from __gin__ import dynamic_registration\n"
+                  f"include '{CONFIGS[0].parent / 'quickstart.gin'}'\n"
+                  "from agentrl_jax.learner import configs\n"
+                  "configs.TrainConfig.num_iterations = 3\n")
+  gin.clear_config()
+  try:
+    config_errors.parse_config([str(mine)], [])
+    assert gin.query_parameter("configs.TrainConfig.num_iterations") == 3
+    assert gin.query_parameter("configs.TrainConfig.env_name") == "frozenlake"  # from the base
+  finally:
+    gin.clear_config()
