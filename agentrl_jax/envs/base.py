@@ -187,19 +187,23 @@ def _as_seed(seed: Any, label: str) -> int:
   return seed
 
 
-def parse_action(action: Any, action_words: tuple[str, ...]) -> str | None:
-  """Returns the action word `action` names, or None when it names none or several.
+def parse_action(action: Any, action_words: tuple[str, ...], *,
+                 free_text: bool = False) -> str | None:
+  """Returns the action word `action` names, or None when it names none (or, free, several).
 
-  Matching ignores case and surrounding whitespace, so "  Left\n" is "left". A free-text reply
-  counts when exactly one of its words is an action word: "I move right." is "right", while
-  "left or right", "up up" and "jump" name several or none. A pretrained chat model rarely
-  answers with a bare word; a reply that names one move is still one unambiguous action.
+  Matching ignores case and surrounding whitespace, so "  Left\n" is "left". With `free_text`
+  (a pretrained chat model's replies) a reply also counts when exactly one of its words is an
+  action word: "I move right." is "right", while "left or right", "up up" and "jump" name several
+  or none. Off by default: a policy trained on the env's own framing answers with the word, and
+  the shipped tokenizer was trained on the feedback of exactly that rule.
   """
-  if not isinstance(action, str) or len(action) > _MAX_FREE_TEXT_ACTION_CHARS:
+  if not isinstance(action, str):
     return None
   word = action.strip().lower()
   if word in action_words:
     return word
+  if not free_text or len(action) > _MAX_FREE_TEXT_ACTION_CHARS:
+    return None
   named = [w for w in _WORD.findall(word) if w in action_words]
   return named[0] if len(named) == 1 else None
 

@@ -56,7 +56,7 @@ class FrozenLake(base.TextEnv):
   action_words = ACTIONS
 
   def __init__(self, size: int = 4, hole_prob: float = 0.2, max_turns: int = 10,
-               slippery: float = 0.0):
+               slippery: float = 0.0, free_text_actions: bool = False):
     """Builds the env; the map itself is drawn at `reset`.
 
     Args:
@@ -64,6 +64,8 @@ class FrozenLake(base.TextEnv):
       hole_prob: probability that a cell other than start and goal is a hole, in [0, 1).
       max_turns: step cap, at least the 2*(size-1) moves of the shortest possible path.
       slippery: probability that a move goes in a random perpendicular direction, in [0, 1].
+      free_text_actions: also accept a reply that names exactly one move ("I move right."), for
+        a pretrained chat policy (`base.parse_action`).
     """
     if not base.is_int(size) or size < 2:
       raise ValueError(f"size must be an int >= 2, got {size!r}")
@@ -79,6 +81,7 @@ class FrozenLake(base.TextEnv):
     self.size = size
     self.hole_prob = float(hole_prob)
     self.slippery = float(slippery)
+    self.free_text_actions = bool(free_text_actions)
     self._holes = np.zeros((size, size), dtype=bool)
     self._pos = (0, 0)
     self._rng = np.random.default_rng(0)
@@ -145,7 +148,7 @@ class FrozenLake(base.TextEnv):
     return f"{INSTRUCTION}\n{self.board_text()}"
 
   def _step(self, action: Any) -> base.StepResult:
-    word = base.parse_action(action, ACTIONS)
+    word = base.parse_action(action, ACTIONS, free_text=self.free_text_actions)
     if word is None:
       feedback = base.invalid_action_message(action, ACTIONS)
       return self._result(feedback, 0.0, False, {"action_valid": False})

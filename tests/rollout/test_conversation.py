@@ -161,11 +161,16 @@ def test_instructions_name_the_task_and_the_reply_format():
     ("Move: LEFT", "left"), ("left or right", None), ("up up", None), ("jump", None),
     ("rightwards", None), ("", None), ("I move right. " * 20, None)])
 def test_a_reply_counts_when_it_names_exactly_one_move(reply, move):
-  assert envs_base.parse_action(reply, frozenlake.ACTIONS) == move
+  assert envs_base.parse_action(reply, frozenlake.ACTIONS, free_text=True) == move
+
+
+@pytest.mark.parametrize("reply", ["I move right.", "-1", "ab up cd"])
+def test_without_free_text_only_the_bare_word_counts(reply):
+  assert envs_base.parse_action(reply, frozenlake.ACTIONS + ("1",)) is None
 
 
 def test_a_free_text_move_is_played_and_a_listing_of_moves_costs_a_turn():
-  env = frozenlake.FrozenLake(hole_prob=0.0)
+  env = frozenlake.FrozenLake(hole_prob=0.0, free_text_actions=True)
   env.reset(0)
   result = env.step("I move right.")
   assert result.info["action_valid"] and env.position == (0, 1)
