@@ -33,7 +33,8 @@ def _cells(path):
 
 
 def test_notebooks_found():
-  assert {p.stem for p in NOTEBOOKS} >= {"snr_scaling", "step_gap", "credit_comparison"}
+  assert {p.stem for p in NOTEBOOKS} >= {"snr_scaling", "step_gap", "credit_comparison",
+                                         "transformer_snr"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
