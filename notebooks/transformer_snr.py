@@ -16,9 +16,10 @@
 #
 # **Hardware and runtime assumed.** CPU only, 2 cores, about 1.5 GB of memory. Full size
 # (`T = 32`, 256 groups of 8 episodes shared by six densities, gradients sketched to 16 384
-# coordinates, 200 bootstrap resamples): 8.3 minutes on 2 cores shared with other jobs (1.7 min
-# rollouts, 5.7 min gradients, 0.9 min analysis), resumable chunk by chunk (`STUDY_RUNS_DIR`
-# keeps the chunks; a rerun with the same directory reuses them and takes about 2 minutes).
+# coordinates, 200 bootstrap resamples): 8–15 minutes on 2 cores shared with other jobs (1.7 min
+# rollouts, 6–12 min gradients depending on load, about 1 min analysis), resumable chunk by chunk
+# (`STUDY_RUNS_DIR` keeps the chunks; a rerun with the same directory reuses them and takes about
+# 2 minutes).
 # `SMALL=1` (`T = 8`, 16 groups): about 55 seconds, mostly jit compilation. No accelerator is
 # needed.
 #
@@ -109,8 +110,7 @@ for r in range(len(rho)):
 # together. `matched_tabular_ratios` runs `dd_chain_sim`'s tabular policy with exactly these
 # per-turn probabilities on the same chain; the transformer minus that reference is the effect of
 # shared parameters. The noise ratio `sqrt(tr Cov_traj / tr Cov_turn)` is printed beside each
-# ratio: it carries the law, the signal ratio (1 in expectation) carries most of the sampling
-# error.
+# ratio; the rest of the ratio is the signal ratio, 1 in expectation.
 
 # %%
 matched = ts.matched_tabular_ratios(jax.random.key(SEED + 1), SPEC, measurement.turn_probs,
