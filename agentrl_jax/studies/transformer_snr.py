@@ -483,9 +483,14 @@ def _spec_record(spec: StudySpec) -> dict[str, Any]:
   return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(spec).items()}
 
 
+# Bumped whenever a cached chunk would be computed differently (2: one pullback per gate, after
+# the vmap over cotangents gave wrong gradients), so a stale directory is refused, not reused.
+_CACHE_FORMAT = 2
+
+
 def _check_cache(cache_dir: str, spec: StudySpec) -> None:
   path = os.path.join(cache_dir, "spec.json")
-  record = _spec_record(spec)
+  record = dict(_spec_record(spec), cache_format=_CACHE_FORMAT)
   if os.path.exists(path):
     with open(path) as f:
       found = json.load(f)

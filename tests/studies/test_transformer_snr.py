@@ -165,3 +165,18 @@ def test_turn_level_snr_beats_trajectory_level_at_density_one_sixteenth(run_and_
   # ρ = 1: the oracle's gate is every turn, so both estimators are the same samples.
   np.testing.assert_array_equal(measurement.samples[1, 1], measurement.samples[0, 1])
   assert analysis.ratio[0, 1] == 1.0
+
+
+def test_measure_resumes_from_its_cache_and_refuses_another_spec(run_and_params, tmp_path):
+  spec = dataclasses.replace(SPEC, num_groups=2, chunk_groups=1, sketch_dim=1024)
+  first = ts.measure(spec, cache_dir=str(tmp_path), log=lambda _: None, built=run_and_params)
+  assert sorted(p.name for p in tmp_path.iterdir()) == [
+      "episodes_0000.npz", "episodes_0001.npz", "samples_0000.npz", "samples_0001.npz",
+      "spec.json"]
+  logged = []
+  again = ts.measure(spec, cache_dir=str(tmp_path), log=logged.append, built=run_and_params)
+  assert not logged  # nothing played or differentiated again
+  np.testing.assert_array_equal(again.samples, first.samples)
+  with pytest.raises(ValueError, match="another spec"):
+    ts.measure(dataclasses.replace(spec, num_groups=3), cache_dir=str(tmp_path),
+               built=run_and_params)
