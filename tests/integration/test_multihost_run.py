@@ -64,15 +64,15 @@ def _env(devices, **extra):
   return env
 
 
-def _command(gin_file, workdir):
+def _command(gin_file, workdir, *flags):
   return [sys.executable, str(REPO / "experiments" / "run.py"), f"--gin_file={gin_file}",
-          f"--workdir={workdir}"]
+          f"--workdir={workdir}", *flags]
 
 
-def _launch_two(gin_file, workdir):
+def _launch_two(gin_file, workdir, *flags):
   port = _free_port()
   return [subprocess.Popen(
-      _command(gin_file, workdir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      _command(gin_file, workdir, *flags), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
       env=_env(4, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
                JAX_PROCESS_ID=str(i))) for i in range(2)]
 
@@ -135,7 +135,8 @@ def test_sigterm_to_one_host_stops_both_with_a_checkpoint_that_resumes(tmp_path)
 
   gin_file.write_text(gin_file.read_text().replace("num_iterations = 400",
                                                    f"num_iterations = {stopped[0] + 1}"))
-  logs = _wait(_launch_two(gin_file, workdir))
+  # Ending the run at the next iteration is a config change: the relaunch says it goes on.
+  logs = _wait(_launch_two(gin_file, workdir, "--allow_config_change"))
   assert f"Resuming from the checkpoint at iteration {stopped[0]}" in logs[0]
   assert f"Done: {stopped[0] + 1} iterations" in logs[0]
 

@@ -59,6 +59,9 @@ def _gradients(run, params, traj, weights):
                    temperature=run.temperature)
 
 
+# About 40 s on 2 idle cores (four surrogates, each a full backward): under -m slow; the gate
+# gradients' sum check at the study size stays in the default suite.
+@pytest.mark.slow
 def test_per_trajectory_gradients_sum_to_the_batch_gradient(run_and_params, chunk):
   run, params = run_and_params
   traj = jax.tree.map(lambda x: x[:8], chunk)
