@@ -96,6 +96,12 @@ class Schedule:
   checkpoint_every: int = 25
   eval_every: int = 25
 
+  @classmethod
+  def of(cls, config, evaluation) -> Schedule:
+    """The schedule a `configs.TrainConfig` and `configs.EvalConfig` ask for."""
+    return cls(num_iterations=config.num_iterations, log_every=config.log_every,
+               checkpoint_every=config.checkpoint_every, eval_every=evaluation.every)
+
 
 @dataclasses.dataclass
 class Outcome:

@@ -214,9 +214,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
 
   outcome = driver.run(
       workdir, method, state,
-      schedule=driver.Schedule(num_iterations=config.num_iterations, log_every=config.log_every,
-                               checkpoint_every=config.checkpoint_every,
-                               eval_every=evaluation.every),
+      schedule=driver.Schedule.of(config, evaluation),
       evaluate=evaluate, writer=writer, warm_start=warm if warm_start.iterations else None,
       stateful=stateful, hooks=hooks,
       hook_context=dict(workdir=workdir, tokenizer=tok, env_name=config.env_name, writer=writer,

@@ -80,9 +80,7 @@ def drive(workdir: str, method: driver.Method, state: types.ActorCriticState, *,
 
   outcome = driver.run(
       workdir, method, state,
-      schedule=driver.Schedule(num_iterations=config.num_iterations, log_every=config.log_every,
-                               checkpoint_every=config.checkpoint_every,
-                               eval_every=evaluation.every),
+      schedule=driver.Schedule.of(config, evaluation),
       evaluate=evaluate, writer=writer, warm_start=warm_start if warm.iterations else None,
       prepare=prepare, stateful=[*stateful, *(h for h in hooks if isinstance(h, driver.Stateful))],
       hooks=hooks, hook_context=dict(workdir=workdir, tokenizer=setup.tokenizer,
