@@ -52,10 +52,35 @@ class ConfigTypeError(ConfigError, TypeError):
   """A config field holds a value of the wrong type (a string where a number belongs, ...)."""
 
 
+def config_class(cls: type) -> type:
+  """Class decorator for a config dataclass: the checks in its `__post_init__` raise ConfigErrors.
+
+  A bad value surfaces while gin builds an entry's arguments, or when a caller builds the config
+  in Python; as a ConfigError (still a ValueError, a TypeError stays one too) the entry point
+  reports it in one line by its type, without reading the message gin wraps around it.
+  """
+  check = cls.__post_init__
+
+  @functools.wraps(check)
+  def __post_init__(self):
+    try:
+      check(self)
+    except ConfigError:
+      raise
+    except TypeError as e:
+      raise ConfigTypeError(str(e)) from e
+    except ValueError as e:
+      raise ConfigError(str(e)) from e
+
+  cls.__post_init__ = __post_init__
+  return cls
+
+
 def parse_config(gin_files: Sequence[str], gin_bindings: Sequence[str], *,
                  search_paths: Sequence[str] = (),
-                 default_imports: Sequence[str] = ()) -> None:
-  """Parses `gin_files` then `gin_bindings` into gin's global config (not finalized).
+                 default_imports: Sequence[str] = (),
+                 default_bindings: Sequence[str] = ()) -> dict[tuple[str, str], dict[str, Any]]:
+  """Parses `default_bindings`, then `gin_files`, then `gin_bindings` into gin's global config.
 
   Args:
     gin_files: paths of `.gin` files, parsed in order; relative paths are also looked up under
@@ -65,13 +90,19 @@ def parse_config(gin_files: Sequence[str], gin_bindings: Sequence[str], *,
     search_paths: extra directories for gin files and their `include`s.
     default_imports: import statements (e.g. `"from agentrl_jax.learner import learner"`)
       available to bindings even when no file imports them.
+    default_bindings: bindings parsed first, which the files and bindings may override (e.g.
+      the entry point's `learner.run.entry = @learner.train`).
+
+  Returns:
+    The bindings as they stood after `default_bindings`, for `require_bindings`.
 
   Raises:
     ConfigError: a file is missing, or a file or binding does not parse or names an unknown
       module, function or parameter. The message is one line.
   """
   with _quiet_include_search():
-    _parse_files_and_bindings(gin_files, gin_bindings, search_paths, default_imports)
+    return _parse_files_and_bindings(gin_files, gin_bindings, search_paths, default_imports,
+                                     default_bindings)
 
 
 class _IncludeSearchFilter(logging.Filter):
@@ -93,9 +124,13 @@ def _quiet_include_search():
     logging.getLogger().removeFilter(quiet)
 
 
-def _parse_files_and_bindings(gin_files, gin_bindings, search_paths, default_imports) -> None:
+def _parse_files_and_bindings(gin_files, gin_bindings, search_paths, default_imports,
+                              default_bindings):
   paths = [_find_gin_file(gin_file, search_paths) for gin_file in gin_files]
   _check_importable(default_imports)
+  if default_bindings:
+    gin.parse_config("\n".join([_DYNAMIC_REGISTRATION, *default_imports, *default_bindings]))
+  defaults = _bound_values()
   # A file's `include`s are also looked up beside it (base files next to the configs using them),
   # also when the file is itself included from elsewhere.
   directories = [*search_paths]
@@ -119,18 +154,21 @@ def _parse_files_and_bindings(gin_files, gin_bindings, search_paths, default_imp
     _parse_or_explain(lambda b=binding: gin.parse_config(f"{preamble}\n{b}"), source=source,
                       imports=imports)
     _check_bound_types(before, source)
+  return defaults
 
 
-def require_bindings(start_from: str) -> None:
+def require_bindings(start_from: str,
+                     defaults: dict[tuple[str, str], dict[str, Any]] | None = None) -> None:
   """Refuses a config that binds nothing: a launch without one trains nothing anyone chose.
 
   Args:
     start_from: what the message suggests instead, e.g. "--gin_file=experiments/configs/quickstart.gin".
+    defaults: `parse_config`'s return value; bindings equal to these do not count.
 
   Raises:
     ConfigError: no file or binding parsed so far sets any value.
   """
-  if not _bound_values():
+  if _bound_values() == (defaults or {}):
     raise ConfigError("the config binds nothing (no --gin_file or --gin_bindings sets a value); "
                       f"start from the quickstart: {start_from}")
 

@@ -1,9 +1,11 @@
-r"""The entry point: flags -> gin config -> `learner.train(workdir=...)`.
+r"""The entry point: flags -> gin config -> `learner.run(workdir=...)`.
 
   python experiments/run.py --gin_file=experiments/configs/quickstart.gin \
       --gin_bindings='learner.train.num_iterations = 20' --workdir=/tmp/quickstart
 
-Everything but the workdir is bound in gin (`learner.train.<arg> = ...`). A missing file, a
+Everything but the workdir is bound in gin (`learner.train.<arg> = ...`). The training loop is
+`learner.run.entry`: online RL (`@learner.train`) unless a config binds another
+(`learner.run.entry = @drift.train`). A missing file, a
 misspelled binding, a value of the wrong type, a config that binds nothing or an unusable workdir
 fails before any compute with a one-line error naming it (exit status 2).
 """
@@ -33,6 +35,8 @@ from agentrl_jax.parallel import host_memory  # noqa: E402
 LEARNER_MODULE = "agentrl_jax.learner.learner"
 # Command-line bindings may name `learner.train` even when no file imports it.
 DEFAULT_IMPORTS = ("from agentrl_jax.learner import learner",)
+# Parsed before the files, which may bind another loop; it also registers `learner.run` with gin.
+DEFAULT_BINDINGS = ("learner.run.entry = @learner.train",)
 RUNS_DIR = "runs"
 QUICKSTART_CONFIG = "experiments/configs/quickstart.gin"
 TRAIN_CONFIG = "agentrl_jax.learner.configs.TrainConfig"
@@ -69,9 +73,10 @@ def default_workdir(gin_files: Sequence[str]) -> str:
 def configure(args: argparse.Namespace) -> str:
   """Parses the gin config and writes it to the workdir; returns the workdir."""
   gin.clear_config()  # a second run in the same process must not inherit the first one's bindings
-  config_errors.parse_config(args.gin_file, args.gin_bindings,
-                             search_paths=args.gin_search_path, default_imports=DEFAULT_IMPORTS)
-  config_errors.require_bindings(f"--gin_file={QUICKSTART_CONFIG}")
+  defaults = config_errors.parse_config(
+      args.gin_file, args.gin_bindings, search_paths=args.gin_search_path,
+      default_imports=DEFAULT_IMPORTS, default_bindings=DEFAULT_BINDINGS)
+  config_errors.require_bindings(f"--gin_file={QUICKSTART_CONFIG}", defaults)
   check_env_requirements()
   workdir = args.workdir or default_workdir(args.gin_file)
   metrics.check_workdir(workdir)
@@ -104,13 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   _initialize_distributed()
-  # Imported only now: the learner pulls in jax and the whole library.
-  learner = importlib.import_module(LEARNER_MODULE)
   try:
-    _entry_point(learner)(workdir=workdir)
-  except (ValueError, TypeError) as e:
-    if not _is_configuration_error(e):
-      raise
+    # A config class's bad value, or a conflict the loop finds before computing, is a
+    # ConfigError; gin re-raises it under the same type with the configurable's name appended.
+    configured_run()(workdir=workdir)
+  except config_errors.ConfigError as e:
     print(f"error: {_first_line(str(e))}", file=sys.stderr)
     return 2
   return 0
@@ -124,35 +127,13 @@ def _initialize_distributed() -> None:
   importlib.import_module("agentrl_jax.parallel.multihost").initialize_from_environment(os.environ)
 
 
-def _entry_point(learner):
-  """`learner.run` when the config binds `learner.run.entry` (another training loop), else
-  `learner.train`.
+def configured_run():
+  """`learner.run` with the parsed config's bindings (its `entry` is the training loop).
 
-  With dynamic registration the bindings live on gin's wrapper, not on the module's function.
-  A registration outlives `gin.clear_config()`, so the binding itself is what decides.
+  The learner is imported only here: it pulls in jax and the whole library, which flag parsing
+  and config errors do not need.
   """
-  try:
-    gin.query_parameter(f"{learner.__name__}.run.entry")
-    return gin.get_configurable(learner.run)
-  except ValueError:
-    pass
-  try:
-    return gin.get_configurable(learner.train)
-  except ValueError:  # no config mentions train: its defaults
-    return learner.train
-
-
-def _is_configuration_error(error: Exception) -> bool:
-  """Errors raised before any compute: bad values in a config class, or configs that conflict.
-
-  gin tags an exception raised while building an argument with the configurable's name; one from
-  inside the training function itself is a configuration error only if it says so (ConfigError).
-  """
-  if isinstance(error, config_errors.ConfigError):
-    return True
-  message = str(error)
-  return ("In call to configurable" in message and "configurable 'train'" not in message
-          and "configurable 'run'" not in message)
+  return gin.get_configurable(importlib.import_module(LEARNER_MODULE).run)
 
 
 def _first_line(message: str) -> str:

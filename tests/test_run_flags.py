@@ -20,6 +20,26 @@ RUN_PY = REPO_ROOT / "experiments" / "run.py"
 _TOY_MODULE = '''
 import dataclasses
 
+from agentrl_jax import config_errors
+
+
+@config_errors.config_class
+@dataclasses.dataclass(frozen=True)
+class Checked:
+  size: int = 1
+
+  def __post_init__(self):
+    if self.size < 1:
+      raise ValueError(f"Checked.size must be >= 1, got {self.size}")
+
+
+def run(workdir, config=None, fail_with=None):
+  if fail_with == "config":
+    raise config_errors.ConfigError("the loop found a conflict before computing")
+  if fail_with == "bug":
+    raise ValueError("a bug inside the loop")
+  return workdir, config
+
 
 def train(workdir, num_iterations=10, learning_rate=1e-3, optimizer=None):
   return workdir, num_iterations, learning_rate, optimizer
@@ -162,6 +182,7 @@ def test_failing_default_import_is_reported():
 def test_configure_writes_config_gin_before_compute(toy, tmp_path, monkeypatch):
   run = _load_run_module()
   monkeypatch.setattr(run, "DEFAULT_IMPORTS", ("import toylearner",))
+  monkeypatch.setattr(run, "DEFAULT_BINDINGS", ())
   workdir = tmp_path / "work"
   args = run.parse_flags([f"--gin_file={toy}", "--gin_bindings=toylearner.train.learning_rate=2.0",
                           f"--workdir={workdir}"])
@@ -182,6 +203,7 @@ def test_default_workdir_is_runs_slash_first_gin_stem(tmp_path):
 def test_main_reports_a_bad_binding_with_exit_status_2(toy, tmp_path, monkeypatch, capsys):
   run = _load_run_module()
   monkeypatch.setattr(run, "DEFAULT_IMPORTS", ("import toylearner",))
+  monkeypatch.setattr(run, "DEFAULT_BINDINGS", ())
   status = run.main([f"--gin_file={toy}", "--gin_bindings=toylearner.train.num_iteratons=3",
                      f"--workdir={tmp_path / 'work'}"])
   assert status == 2
@@ -225,3 +247,32 @@ def test_run_py_subprocess_reports_a_missing_gin_file(tmp_path):
   assert result.returncode == 2
   assert str(missing) in result.stderr
   assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("binding,reported", [
+    ("toylearner.run.config = @toylearner.Checked()\ntoylearner.Checked.size = 0",
+     "Checked.size must be >= 1, got 0"),
+    ("toylearner.run.fail_with = 'config'", "the loop found a conflict before computing"),
+])
+def test_main_reports_config_errors_by_type(toy, tmp_path, monkeypatch, capsys, binding, reported):
+  run = _load_run_module()
+  monkeypatch.setattr(run, "DEFAULT_IMPORTS", ("import toylearner",))
+  monkeypatch.setattr(run, "DEFAULT_BINDINGS", ())
+  monkeypatch.setattr(run, "LEARNER_MODULE", "toylearner")
+  gin_file = tmp_path / "fail.gin"
+  gin_file.write_text(f"from __gin__ import dynamic_registration\nimport toylearner\n{binding}\n")
+  assert run.main([f"--gin_file={gin_file}", f"--workdir={tmp_path / 'work'}"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: ") and reported in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_main_lets_a_bug_inside_the_loop_raise(toy, tmp_path, monkeypatch):
+  run = _load_run_module()
+  monkeypatch.setattr(run, "DEFAULT_IMPORTS", ("import toylearner",))
+  monkeypatch.setattr(run, "DEFAULT_BINDINGS", ())
+  monkeypatch.setattr(run, "LEARNER_MODULE", "toylearner")
+  gin_file = tmp_path / "bug.gin"
+  gin_file.write_text("from __gin__ import dynamic_registration\nimport toylearner\n"
+                      "toylearner.run.fail_with = 'bug'\n")
+  with pytest.raises(ValueError, match="a bug inside the loop"):
+    run.main([f"--gin_file={gin_file}", f"--workdir={tmp_path / 'work'}"])

@@ -4,13 +4,17 @@ Every estimator has the signature `fn(traj, values, **hyperparams) -> AdvantageO
 `advantages`/`returns` `[B, L]` float32, zero outside `traj.action_mask`, and zero on trajectories
 with an env fault (`traj.valid_trajectory` False); faulted trajectories also stay out of every
 group statistic. `values` is the critic's `[B, L]` output, or None for critic-free estimators.
-Hyperparameters are plain keyword arguments; gin binds them in learner code
-(docs/methods.md#implementation-notes).
+Hyperparameters are plain keyword arguments. A run names its estimator as a function, with the
+hyperparameters bound on it (`configs.TrainConfig.estimator = @estimators.gigpo` and
+`estimators.gigpo.step_weight = 0.5` in gin, or `functools.partial` in Python), or by its registry
+name for the defaults; `resolve` turns either into an `Estimator`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -272,3 +276,30 @@ def get_estimator(name: str) -> Estimator:
   except KeyError:
     raise ValueError(
         f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ESTIMATORS))}") from None
+
+
+def _base_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """The estimator function under `functools.partial` layers and decorator wrappers (gin's)."""
+  while isinstance(fn, functools.partial):
+    fn = fn.func
+  return inspect.unwrap(fn)
+
+
+def resolve(estimator: str | Callable[..., AdvantageOutput]) -> Estimator:
+  """The `Estimator` for a registry name or an estimator function (bound or wrapped).
+
+  A registered function keeps its registry entry's name and critic flag, with `fn` the caller's
+  bound version; another function is an estimator of the caller's own, critic-free unless it
+  carries `needs_critic = True`.
+  """
+  if isinstance(estimator, str):
+    return get_estimator(estimator)
+  if not callable(estimator):
+    raise ValueError(f"an estimator is a function or a registry name, got {estimator!r}; "
+                     f"known: {', '.join(sorted(ESTIMATORS))}")
+  base = _base_function(estimator)
+  for spec in ESTIMATORS.values():
+    if spec.fn is base:
+      return dataclasses.replace(spec, fn=estimator)
+  return Estimator(name=getattr(base, "__name__", type(base).__name__), fn=estimator,
+                   needs_critic=bool(getattr(base, "needs_critic", False)))

@@ -42,6 +42,7 @@ Params = dict[str, Any]
 _BUCKET_MIX = 1_000_003
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class MeterConfig:
   """Size of the progress meter.

@@ -37,6 +37,7 @@ class EnvFaultError(RuntimeError):
   """Every step of an env faulted: the env is broken, not the policy."""
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Requirement:
   """Something an env needs beyond the core dependencies.

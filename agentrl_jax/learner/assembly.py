@@ -11,6 +11,7 @@ import inspect
 import os
 from typing import Any, Callable, NamedTuple
 
+import gin
 import jax
 import jax.numpy as jnp
 import optax
@@ -118,20 +119,33 @@ def restricted_sampling(sampling: sampler_lib.SamplingConfig, env, tok: tokenize
   return dataclasses.replace(sampling, allowed_token_ids=ids, max_action_tokens=1)
 
 
-def credit_pipeline(config: configs.TrainConfig, reward_shapers, corrections) -> pipeline.CreditPipeline:
-  estimator = estimators.get_estimator(config.estimator)
-  if estimator.needs_critic and not config.use_critic:
-    raise ValueError(f"TrainConfig.estimator={config.estimator!r} needs a critic; set "
+def estimator_spec(config: configs.TrainConfig) -> estimators.Estimator:
+  """The run's estimator, checked against `use_critic`.
+
+  A registry name resolves to gin's configurable version of the function where gin has one, so
+  `estimators.gae.discount = 0.99` in a gin file applies whether the estimator is bound as
+  `@estimators.gae` or named `'gae'`.
+  """
+  spec = estimators.resolve(config.estimator)
+  if isinstance(config.estimator, str):
+    try:
+      spec = dataclasses.replace(spec, fn=gin.get_configurable(spec.fn))
+    except ValueError:  # nothing in the gin files binds it: the plain function
+      pass
+  if spec.needs_critic and not config.use_critic:
+    raise ValueError(f"TrainConfig.estimator {spec.name!r} needs a critic; set "
                      f"TrainConfig.use_critic = True")
-  kwargs = dict(config.estimator_kwargs)
-  accepted = inspect.signature(estimator.fn).parameters
-  unknown = sorted(set(kwargs) - set(accepted))
-  if unknown:
-    raise ValueError(f"TrainConfig.estimator_kwargs: estimator {config.estimator!r} has no "
-                     f"argument(s) {unknown}; it takes {sorted(set(accepted) - {'traj', 'values'})}")
-  if "num_groups" in accepted:
-    kwargs.setdefault("num_groups", config.batch_size)
-  return pipeline.CreditPipeline(estimator=functools.partial(estimator, **kwargs),
+  return spec
+
+
+def credit_pipeline(config: configs.TrainConfig, reward_shapers=(), corrections=()) -> pipeline.CreditPipeline:
+  """Shapers → the run's estimator → corrections; `num_groups` set to the batch's group bound."""
+  spec = estimator_spec(config)
+  fn = spec.fn
+  bound = fn.keywords if isinstance(fn, functools.partial) else {}
+  if "num_groups" in inspect.signature(fn).parameters and "num_groups" not in bound:
+    fn = functools.partial(fn, num_groups=config.batch_size)
+  return pipeline.CreditPipeline(estimator=dataclasses.replace(spec, fn=fn),
                                  reward_shapers=tuple(reward_shapers), corrections=tuple(corrections))
 
 

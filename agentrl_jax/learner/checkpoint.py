@@ -66,6 +66,7 @@ class Restored(NamedTuple):
   extra: dict[str, Any]
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class CheckpointConfig:
   """How checkpoints are kept.

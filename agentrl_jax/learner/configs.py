@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 from agentrl_jax import config_errors
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class TrainConfig:
   """What is trained on, for how long, and how the credit is assigned.
@@ -18,7 +19,10 @@ class TrainConfig:
     num_iterations: RL iterations (collect → score → update).
     tasks_per_iteration: distinct tasks (episode seeds) per iteration.
     group_size: episodes per task; a task's episodes form one group (GRPO-style baselines).
-    estimator, estimator_kwargs: the advantage estimator by registry name, and its hyperparameters.
+    estimator: the advantage estimator: a function from `advantages/estimators.py` (or one of
+      the same signature) with its hyperparameters bound (`@estimators.gigpo` in gin, binding
+      `estimators.gigpo.<name>`; `functools.partial` in Python), or a registry name for its
+      defaults.
     use_critic: train a separate critic (needed by critic-based estimators such as 'gae').
     restrict_to_action_words: sample only the env's action words, one token each
       (constrained decoding; the learner uses the same restriction).
@@ -36,8 +40,7 @@ class TrainConfig:
   num_iterations: int = 100
   tasks_per_iteration: int = 16
   group_size: int = 8
-  estimator: str = "grpo"
-  estimator_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+  estimator: str | Callable[..., Any] = "grpo"
   use_critic: bool = False
   restrict_to_action_words: bool = True
   checkpoint_every: int = 25
@@ -60,6 +63,7 @@ class TrainConfig:
     return self.tasks_per_iteration * self.group_size
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class OptimConfig:
   """AdamW with global-norm clipping and a linear decay from `learning_rate` to `end_learning_rate`."""
@@ -82,6 +86,7 @@ class OptimConfig:
       raise ValueError(f"OptimConfig.max_grad_norm must be > 0, got {self.max_grad_norm}")
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class WarmStartConfig:
   """Behaviour cloning on scripted demonstrations before RL (0 iterations = start from random init).
@@ -108,6 +113,7 @@ class WarmStartConfig:
       raise ValueError(f"WarmStartConfig.expert_noise must be in [0, 1], got {self.expert_noise}")
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class EvalConfig:
   """Held-out evaluation: greedy success on `num_tasks` unseen seeds and sampled pass@k.

@@ -44,7 +44,7 @@ from agentrl_jax.rollout.strategies import common as strategies_common
 TrainSummary = driver.Outcome
 
 
-def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
+def build(*, config: configs.TrainConfig = configs.TrainConfig(),
           model: transformer.TransformerConfig | None = None,
           critic_model: transformer.TransformerConfig | None = None,
           rollout: loop_lib.RolloutConfig = loop_lib.RolloutConfig(),
@@ -60,12 +60,13 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
           init_from: str | None = None,
           mesh: mesh_lib.MeshConfig | None = None,
           strategy: strategies_common.Strategy | None = None,
-          lora: lora_lib.LoRAConfig | None = None) -> driver.Outcome:
-  """Trains a policy on one environment and returns the summary.
+          lora: lora_lib.LoRAConfig | None = None) -> OnlineRun:
+  """Assembles an online run: its method, initial state, evaluation and checkpointed parts.
+
+  Nothing is written and nothing is trained; `train` runs what this returns, and
+  `evaluate_checkpoint` restores a finished run's checkpoint into its `state`.
 
   Args:
-    workdir: metrics, checkpoints and the operative config go here; an existing checkpoint
-      there is resumed.
     config: the run (env, sizes, estimator).
     model: policy architecture; `vocab_size` is taken from the tokenizer. Default: `tiny`.
     critic_model: critic architecture when `config.use_critic` (default: the policy's, value head).
@@ -117,7 +118,6 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
             f"over the mesh's data x fsdp = {batch_shards} batch shards")
   except (ValueError, TypeError, FileNotFoundError) as e:
     raise config_errors.ConfigError(f"{type(e).__name__}: {e}") from e
-  files.makedirs(workdir)
   # A critic-based pipeline cannot be re-scored by a hook without the critic's values.
   own_pipeline = None if config.use_critic else (config.estimator, advantage_fn)
 
@@ -189,7 +189,6 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   run_eval = functools.partial(evaluate_lib.evaluate, greedy=greedy_runner, sampled=runner,
                                make_env=make_eval_env, config=evaluation)
 
-  writer = metrics_lib.MetricsWriter(workdir, process_index=jax.process_index())
   # Parts that keep memory across iterations (PEARL, SLEA's library) checkpoint it with the state.
   # The LoRA base's identity goes last, so the parts before it keep their checkpoint order.
   stateful = [f for f in (*reward_shapers, *corrections, strategy, *hooks, lora_policy)
@@ -200,7 +199,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   def evaluate(params, tag: int) -> dict[str, float]:
     return run_eval(multihost.local_replica(params), rng=jax.random.fold_in(eval_key, tag))
 
-  def warm(state):
+  def warm(state, writer):
     return warm_start_lib.behaviour_cloning(
         state, policy_graphdef, tok, rollout, warm_start, config, make_env, allowed, temperature,
         model, writer, device_mesh, conversation=conversation)
@@ -210,19 +209,101 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
                                                     it, params, jax.random.fold_in(base_key, it)),
       sampling_params, config.max_staleness, config.num_iterations)
   method = OnlineMethod(rollouts=rollouts, update=update, device_mesh=device_mesh,
-                        runners=(runner,), env_name=config.env_name, lora=lora_policy)
+                        runners=(runner, greedy_runner), env_name=config.env_name, lora=lora_policy)
+  return OnlineRun(method=method, state=state, evaluate=evaluate,
+                   warm_start=warm if warm_start.iterations else None, stateful=stateful,
+                   schedule=driver.Schedule.of(config, evaluation), evaluation=evaluation,
+                   tokenizer=tok, model=model, init_from=init_from, own_pipeline=own_pipeline,
+                   config=config, runner=runner)
 
+
+@dataclasses.dataclass(eq=False)
+class OnlineRun:
+  """An assembled online run (what `build` returns and `train` runs).
+
+  Attributes:
+    method: the driver method (play, score, update); `method.policy_params(state)` are the
+      weights the sampler and evaluation read.
+    state: the initial `ActorCriticState`, also the target a checkpoint restores into.
+    evaluate: `(policy params, tag) -> eval/ metrics` on the held-out seeds.
+    warm_start: `(state, writer) -> state`, the behaviour-cloning warm start; None without one.
+    stateful: the parts whose memory the checkpoint carries, in checkpoint order.
+    own_pipeline: `(estimator, credit pipeline)` for hooks that re-score a batch; None with a
+      critic (its values are not available to them).
+  """
+
+  method: "OnlineMethod"
+  state: Any
+  evaluate: Callable[[Any, int], dict[str, float]]
+  warm_start: Callable[[Any, Any], Any] | None
+  stateful: list[Any]
+  schedule: driver.Schedule
+  evaluation: configs.EvalConfig
+  tokenizer: Any
+  model: transformer.TransformerConfig
+  init_from: str | None
+  own_pipeline: Any
+  config: configs.TrainConfig
+  runner: loop_lib.RolloutRunner  # the sampled one, as training plays
+
+  def export(self, directory: str, state) -> None:
+    """Writes the policy of `state`: LoRA adapters (and merged HF weights), else an HF checkpoint."""
+    lora_policy = self.method.lora
+    model_type = hf_model_type(self.init_from, self.model)
+    if lora_policy is not None:
+      lora_policy.export(directory, state.policy_params, self.model, model_type)
+      return
+    try:
+      hf.hf_config(self.model, model_type)
+    except ValueError as e:  # turn_slot positions, ALiBi, a value head: no HF equivalent
+      raise config_errors.ConfigError(f"this policy has no Hugging Face layout to export ({e}); "
+                                      "its checkpoint is the saved policy") from e
+    params = multihost.local_replica(state.policy_params)
+    if multihost.is_writer():
+      hf.export(directory, self.model, params, model_type=model_type)
+
+
+def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
+          model: transformer.TransformerConfig | None = None,
+          critic_model: transformer.TransformerConfig | None = None,
+          rollout: loop_lib.RolloutConfig = loop_lib.RolloutConfig(),
+          loss: step_lib.LossConfig = step_lib.LossConfig(),
+          optim: configs.OptimConfig = configs.OptimConfig(),
+          critic_optim: configs.OptimConfig = configs.OptimConfig(),
+          warm_start: configs.WarmStartConfig = configs.WarmStartConfig(),
+          evaluation: configs.EvalConfig = configs.EvalConfig(),
+          reward_shapers: Sequence[pipeline.RewardShaper] = (),
+          corrections: Sequence[pipeline.Correction] = (),
+          hooks: Sequence[hooks_lib.Hook] = (),
+          tokenizer_path: str | None = None,
+          init_from: str | None = None,
+          mesh: mesh_lib.MeshConfig | None = None,
+          strategy: strategies_common.Strategy | None = None,
+          lora: lora_lib.LoRAConfig | None = None) -> driver.Outcome:
+  """Trains a policy on one environment and returns the summary.
+
+  Args:
+    workdir: metrics, checkpoints and the operative config go here; an existing checkpoint
+      there is resumed.
+    Others: as `build`.
+  """
+  run = build(config=config, model=model, critic_model=critic_model, rollout=rollout, loss=loss,
+              optim=optim, critic_optim=critic_optim, warm_start=warm_start, evaluation=evaluation,
+              reward_shapers=reward_shapers, corrections=corrections, hooks=hooks,
+              tokenizer_path=tokenizer_path, init_from=init_from, mesh=mesh, strategy=strategy,
+              lora=lora)
+  files.makedirs(workdir)
+  writer = metrics_lib.MetricsWriter(workdir, process_index=jax.process_index())
+  warm = run.warm_start and functools.partial(run.warm_start, writer=writer)
   outcome = driver.run(
-      workdir, method, state,
-      schedule=driver.Schedule.of(config, evaluation),
-      evaluate=evaluate, writer=writer, warm_start=warm if warm_start.iterations else None,
-      stateful=stateful, hooks=hooks,
-      hook_context=dict(workdir=workdir, tokenizer=tok, env_name=config.env_name, writer=writer,
-                        pipeline=own_pipeline))
-  if lora_policy is not None and not outcome.preempted:
-    lora_policy.export(workdir, outcome.state.policy_params, model,
-                       hf_model_type(init_from, model))
-  driver.print_summary(outcome, evaluation.num_tasks, evaluation.pass_k)
+      workdir, run.method, run.state, schedule=run.schedule, evaluate=run.evaluate,
+      writer=writer, warm_start=warm, stateful=run.stateful, hooks=hooks,
+      hook_context=dict(workdir=workdir, tokenizer=run.tokenizer,
+                        env_name=run.method.env_name, writer=writer,
+                        pipeline=run.own_pipeline))
+  if run.method.lora is not None and not outcome.preempted:
+    run.export(workdir, outcome.state)
+  driver.print_summary(outcome, run.evaluation.num_tasks, run.evaluation.pass_k)
   return outcome
 
 

@@ -29,6 +29,7 @@ from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import transformer
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class LossConfig:
   """Policy/value loss hyperparameters (docs/methods.md#ppo-gae, #ppo-loss)."""

@@ -39,6 +39,7 @@ ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class LoRAConfig:
   """Adapter rank, scale numerator and the weights it adapts (names in `TARGETS`)."""

@@ -33,6 +33,7 @@ BATCH, SEQ, EMBED, MLP, HEADS, KV, VOCAB, TURN, EXPERT = (
     "batch", "seq", "embed", "mlp", "heads", "kv", "vocab", "turn", "expert")
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class TransformerConfig:
   """Architecture hyperparameters; validated on construction."""

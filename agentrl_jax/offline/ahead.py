@@ -32,7 +32,6 @@ import numpy as np
 
 from agentrl_jax import config_errors
 from agentrl_jax import types
-from agentrl_jax.advantages import estimators
 from agentrl_jax.learner import assembly
 from agentrl_jax.learner import configs
 from agentrl_jax.learner import driver
@@ -73,6 +72,7 @@ def distillation_correction(traj: types.Trajectories, advantages: jax.Array, *, 
       mode=mode)
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class AheadConfig:
   """AHEAD's hyperparameters (B.8 defaults).
@@ -129,14 +129,10 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
         f"num_minibatches = 1, got {loss.ppo_epochs}, {loss.num_minibatches}")
   hint_fn = hint_fn or teacher_lib.HINTS.get(config.env_name, teacher_lib.expert_hint)
   setup, params = common.resolve(config, model, rollout, tokenizer_path, loss)
-  estimator = estimators.get_estimator(config.estimator)
-  kwargs = dict(config.estimator_kwargs)
-  kwargs.setdefault("num_groups", config.batch_size)
   correction = functools.partial(distillation_correction, coef=ahead.coef,
                                  delta_max=ahead.delta_max, nu_err=ahead.nu_err,
                                  nu_rout=ahead.nu_rout, mode=ahead.mode)
-  credit = pipeline.CreditPipeline(estimator=functools.partial(estimator, **kwargs),
-                                   corrections=(correction, *corrections))
+  credit = assembly.credit_pipeline(config, corrections=(correction, *corrections))
   policy_opt = assembly.make_optimizer(optim, config.num_iterations)
   update = step_lib.make_update_fn(
       policy_graphdef=setup.graphdef, critic_graphdef=None, policy_optimizer=policy_opt,

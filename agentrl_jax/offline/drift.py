@@ -42,6 +42,7 @@ from agentrl_jax.rollout import loop as loop_lib
 REFERENCES = ("policy", "noisy_expert")
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class DriftConfig:
   """DRIFT's data collection and weighting (defaults: the shipped script of B.12).

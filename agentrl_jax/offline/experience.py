@@ -173,6 +173,7 @@ def rule_based_extractor(episode: Episode) -> list[Candidate]:
   return out
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class LibraryConfig:
   """Retrieval and maintenance of the library (B.18 defaults).

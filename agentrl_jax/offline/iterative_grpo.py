@@ -46,6 +46,7 @@ from agentrl_jax.offline import store as store_lib
 from agentrl_jax.rollout import loop as loop_lib
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class IterativeGRPOConfig:
   """Policy-evaluation and policy-improvement budgets of one round.

@@ -32,6 +32,7 @@ from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout.strategies import rtpo as rtpo_tree
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class RTPOConfig:
   """The reverse tree (defaults: the spec's, our choices).

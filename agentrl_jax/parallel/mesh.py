@@ -18,6 +18,7 @@ DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
 AXES = (DATA, FSDP, TENSOR)
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class MeshConfig:
   """Mesh axis sizes; exactly one may be −1 (all the devices the others leave)."""

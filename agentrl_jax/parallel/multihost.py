@@ -23,6 +23,7 @@ from agentrl_jax.parallel import rules as rules_lib
 T = TypeVar("T")
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class MultihostConfig:
   """How to join the cluster.

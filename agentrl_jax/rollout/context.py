@@ -27,6 +27,7 @@ from agentrl_jax import config_errors
 POLICIES = ("full", "last_k", "truncate_oldest")
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ContextConfig:
   """A context-window policy.

@@ -34,6 +34,7 @@ from agentrl_jax.rollout import sampler as sampler_lib
 from agentrl_jax.rollout import workers as workers_lib
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class RolloutConfig:
   """Static shapes and budgets of a rollout.

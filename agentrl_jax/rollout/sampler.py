@@ -28,6 +28,7 @@ from agentrl_jax.models import distribution
 from agentrl_jax.models import transformer
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ThinkingConfig:
   """T²PO's token-level thinking intervention (docs/methods.md#t2po, formalised from the abstract).
@@ -91,6 +92,7 @@ class ThinkingConfig:
       raise ValueError(f"ThinkingConfig.top_k must be >= 1, got {self.top_k}")
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingConfig:
   """How action tokens are drawn.

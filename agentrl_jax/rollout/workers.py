@@ -59,6 +59,7 @@ def _safe_step(env, action: str) -> envs_base.StepResult | StepFault:
     return StepFault("exception", f"{type(e).__name__}: {e}")
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerConfig:
   """How envs are stepped.

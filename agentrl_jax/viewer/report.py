@@ -49,6 +49,7 @@ _LEGEND_STEPS = 11
 _CHART_WIDTH, _CHART_HEIGHT, _CHART_PAD = 480, 160, 32
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ViewerConfig:
   """What the trajectory viewer shows.

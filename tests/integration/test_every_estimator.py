@@ -21,7 +21,7 @@ NEEDS_EXTRA_INPUTS = {"spo"}
 @pytest.mark.parametrize("name", sorted(set(estimators.ESTIMATORS) - NEEDS_EXTRA_INPUTS))
 def test_estimator_trains_from_gin(name, tmp_path):
   bindings = [
-      f"configs.TrainConfig.estimator = '{name}'",
+      f"configs.TrainConfig.estimator = @estimators.{name}",
       f"configs.TrainConfig.use_critic = {estimators.get_estimator(name).needs_critic}",
       "configs.TrainConfig.num_iterations = 1",
       "configs.TrainConfig.tasks_per_iteration = 2",

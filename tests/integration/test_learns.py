@@ -49,9 +49,9 @@ def test_short_quickstart_run_beats_the_untrained_policy_on_held_out_maps(tmp_pa
   gin.clear_config()
   try:
     config_errors.parse_config([str(REPO / "experiments" / "configs" / "quickstart.gin")], SHORT,
-                               default_imports=run.DEFAULT_IMPORTS)
-    learner = importlib.import_module(run.LEARNER_MODULE)
-    outcome = run._entry_point(learner)(workdir=str(tmp_path))  # pylint: disable=protected-access
+                               default_imports=run.DEFAULT_IMPORTS,
+                               default_bindings=run.DEFAULT_BINDINGS)
+    outcome = run.configured_run()(workdir=str(tmp_path))
   finally:
     gin.clear_config()
   assert outcome.iterations == 4

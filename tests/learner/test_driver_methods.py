@@ -87,10 +87,10 @@ def _launch(name, workdir, hooks):
   gin.clear_config()
   try:
     config_errors.parse_config([str(REPO / "experiments" / "configs" / f"{gin_file}.gin")],
-                               COMMON + extra, default_imports=run.DEFAULT_IMPORTS)
+                               COMMON + extra, default_imports=run.DEFAULT_IMPORTS,
+                               default_bindings=run.DEFAULT_BINDINGS)
     gin.bind_parameter(f"{entry}.hooks", list(hooks))
-    learner = importlib.import_module(run.LEARNER_MODULE)
-    return run._entry_point(learner)(workdir=str(workdir))  # pylint: disable=protected-access
+    return run.configured_run()(workdir=str(workdir))
   finally:
     gin.clear_config()
 

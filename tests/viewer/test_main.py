@@ -9,6 +9,7 @@ import sys
 import gin
 import pytest
 
+from agentrl_jax.learner import evaluate_workdir
 from agentrl_jax.viewer import __main__ as viewer_main
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -52,7 +53,7 @@ def test_misspelled_viewer_binding_fails_naming_it(tmp_path, capsys):
 def test_train_arguments_read_back_the_bound_configs(tmp_path):
   (tmp_path / "config.gin").write_text(_MINIMAL_CONFIG)
   gin.parse_config_file(str(tmp_path / "config.gin"))
-  arguments = viewer_main.train_arguments()
+  arguments = evaluate_workdir.train_arguments()
   assert arguments["config"].num_iterations == 1
   assert arguments["corrections"] == ()  # learner.train's default
 

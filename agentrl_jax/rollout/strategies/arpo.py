@@ -32,6 +32,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from agentrl_jax import config_errors
 from agentrl_jax import extra_keys
 from agentrl_jax import types
 from agentrl_jax.rollout import loop as loop_lib
@@ -58,6 +59,7 @@ def branch_uniforms(key: jax.Array, row_ids: np.ndarray, num: int) -> np.ndarray
   return np.asarray(jax.vmap(lambda k: jax.random.uniform(k, (num,)))(keys))
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class EntropyBranching:
   """Entropy-triggered branching (defaults: the source's scripts, except M = the group size).

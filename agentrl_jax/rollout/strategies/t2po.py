@@ -29,6 +29,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from agentrl_jax import config_errors
 from agentrl_jax import extra_keys
 from agentrl_jax import types
 from agentrl_jax.rollout import loop as loop_lib
@@ -112,6 +113,7 @@ def _unmask_forced(batch: common.RowBatch, rows: np.ndarray, forced: list[np.nda
     counts[i, turn] = float(forced[i].sum())
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class TurnResampling:
   """Turn-level dynamic sampling (defaults: η and max_try from the source's scripts).

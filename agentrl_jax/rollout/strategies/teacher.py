@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentrl_jax import config_errors
 from agentrl_jax import extra_keys
 from agentrl_jax import types
 from agentrl_jax.envs import base as envs_base
@@ -222,6 +223,7 @@ def _no_hint(ctx: HintContext) -> str:
   return ""  # SERL's immediate-feedback mode: the feedback alone, never a corrective hint
 
 
+@config_errors.config_class
 @dataclasses.dataclass(eq=False, kw_only=True)
 class PrivilegedTeacher:
   """Rollout strategy adding the teacher's log-probs (see the module docstring).

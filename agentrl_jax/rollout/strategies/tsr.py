@@ -33,6 +33,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 
+from agentrl_jax import config_errors
 from agentrl_jax import extra_keys
 from agentrl_jax import types
 from agentrl_jax.envs import base as envs_base
@@ -75,6 +76,7 @@ def _score(scorer: Scorer, env, result) -> float:
   return float(scorer(env, result))
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class BestOfN:
   """Best-of-N action selection at every turn.
@@ -200,6 +202,7 @@ class _Candidate(NamedTuple):
   result: Any
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class BeamSearch:
   """Beam search over each group: its rows are the beams (B = the group size).
@@ -317,6 +320,7 @@ class BeamSearch:
       common.record_step(batch, s, assignment[s].result, turn, stats)
 
 
+@config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class FilterInstances:
   """Instance filtering around any strategy (or plain sampling).

@@ -1,0 +1,193 @@
+"""The learning suite: held-out success of every env's config before, after its warm start and
+after RL, over seeds, from runs of `experiments/run.py` that resume per (env, seed).
+
+Each (env, seed) is one launch of the env's gin file in its own workdir
+(`<runs_dir>/<env>/seed_<k>`), run as a subprocess so a run's gin state and memory end with it.
+A launch that was stopped resumes from its newest checkpoint when the suite is run again with the
+same directory; a finished one is read back from its `metrics.jsonl`. Success is the greedy
+held-out success the run's own evaluation writes (`eval/greedy_success...`): before any training
+(the untrained policy), after the behaviour-cloning warm start (where the config has one) and at
+every evaluation of RL, the last of which is the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from agentrl_jax.studies import fits
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+RUN_PY = REPO / "experiments" / "run.py"
+CONFIGS = REPO / "experiments" / "configs"
+RESULT_FILE = "suite_result.json"
+
+# Hooks (the viewer report) cost time and change nothing the suite reads.
+NO_HOOKS = ("learner.train.hooks = []",)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvRun:
+  """One env's config in the suite.
+
+  Attributes:
+    env: the registered env name (the panel and table row).
+    gin_file: the config under `experiments/configs/`.
+    bindings: gin bindings applied after the file (the suite's size of it).
+  """
+
+  env: str
+  gin_file: str
+  bindings: tuple[str, ...] = ()
+
+  def argv(self, seed: int, workdir: str) -> list[str]:
+    return [f"--gin_file={CONFIGS / self.gin_file}", f"--workdir={workdir}",
+            *(f"--gin_bindings={b}" for b in (*NO_HOOKS, *self.bindings,
+                                               f"configs.TrainConfig.seed = {seed}"))]
+
+
+# Full size: each run fits well inside 20 minutes on 2 CPU cores.
+FULL: tuple[EnvRun, ...] = (
+    EnvRun(env="frozenlake", gin_file="quickstart.gin"),
+    EnvRun(env="dd_chain", gin_file="dd_chain_grpo.gin"),
+    EnvRun(env="sokoban", gin_file="sokoban_grpo.gin"),
+)
+
+# CI size: a few iterations of FrozenLake, checking the pipeline, not the learning.
+SMALL: tuple[EnvRun, ...] = (
+    EnvRun(env="frozenlake", gin_file="quickstart.gin", bindings=(
+        "configs.TrainConfig.num_iterations = 2", "configs.TrainConfig.tasks_per_iteration = 2",
+        "configs.TrainConfig.group_size = 2", "configs.WarmStartConfig.iterations = 2",
+        "configs.WarmStartConfig.episodes_per_iteration = 8", "configs.EvalConfig.num_tasks = 8",
+        "configs.EvalConfig.every = 1", "configs.EvalConfig.pass_k = 0")),
+)
+
+
+def workdir_of(runs_dir: str | os.PathLike[str], env: str, seed: int) -> pathlib.Path:
+  return pathlib.Path(runs_dir) / env / f"seed_{seed}"
+
+
+def read_run(workdir: str | os.PathLike[str]) -> dict[str, Any]:
+  """The success figures of one run from its `metrics.jsonl` (records in iteration order).
+
+  Returns:
+    `{"before", "warm_start" (None without one), "after", "curve": [[iteration, success], ...],
+    "iterations", "num_tasks"}`; the curve starts at iteration 0 with the warm start's figure
+    (or the untrained one) and ends with the last evaluation.
+
+  Raises:
+    ValueError: the run wrote no final evaluation (it has not finished).
+  """
+  rows = [json.loads(line) for line in open(pathlib.Path(workdir) / "metrics.jsonl")]
+  before = warm = None
+  curve: list[list[float]] = []
+  for row in rows:
+    if "eval/greedy_success_before" in row:
+      before = row["eval/greedy_success_before"]
+    if "eval/greedy_success_warm_start" in row:
+      warm = row["eval/greedy_success_warm_start"]
+    if "eval/greedy_success" in row:
+      curve.append([int(row["step"]), float(row["eval/greedy_success"])])
+  if before is None or not curve:
+    raise ValueError(f"{workdir}: no evaluation before training or after it in metrics.jsonl")
+  start = warm if warm is not None else before
+  return {"before": before, "warm_start": warm, "after": curve[-1][1],
+          "curve": [[0, start], *curve], "iterations": curve[-1][0]}
+
+
+def run_one(spec: EnvRun, seed: int, runs_dir: str | os.PathLike[str], *,
+            log=print) -> dict[str, Any]:
+  """Runs (or resumes, or reads back) one (env, seed); returns `read_run`'s figures plus timing."""
+  workdir = workdir_of(runs_dir, spec.env, seed)
+  done = workdir / RESULT_FILE
+  if done.exists():
+    return json.loads(done.read_text())
+  workdir.mkdir(parents=True, exist_ok=True)
+  argv = spec.argv(seed, str(workdir))
+  start = time.perf_counter()
+  with open(workdir / "suite_log.txt", "a", encoding="utf-8") as out:
+    process = subprocess.run([sys.executable, str(RUN_PY), *argv], stdout=out,
+                             stderr=subprocess.STDOUT, cwd=REPO, check=False)
+  if process.returncode != 0:
+    raise RuntimeError(f"{spec.env} seed {seed}: run.py exited with {process.returncode}; see "
+                       f"{workdir / 'suite_log.txt'}")
+  result = {**read_run(workdir), "env": spec.env, "seed": seed, "gin_file": spec.gin_file,
+            "bindings": list(spec.bindings), "wall_s": time.perf_counter() - start}
+  done.write_text(json.dumps(result, indent=1))
+  log(f"{spec.env} seed {seed}: before {result['before']:.3f}, warm start "
+      f"{result['warm_start']}, after {result['after']:.3f} ({result['wall_s']:.0f} s)")
+  return result
+
+
+def interval(values: Sequence[float | None]) -> dict[str, Any] | None:
+  """Mean and 95% Student-t interval over seeds, clipped to [0, 1] (a success rate); None where
+  the figure does not exist."""
+  if any(v is None for v in values) or not values:
+    return None
+  mean, low, high = fits.mean_confidence_band(np.asarray(values, np.float64)[:, None])
+  return {"mean": float(mean[0]), "low": float(np.clip(low[0], 0, 1)),
+          "high": float(np.clip(high[0], 0, 1)), "n": len(values)}
+
+
+def summarize(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+  """Per env: the untrained, warm-start and after-RL intervals, and the curve band over seeds."""
+  by_env: dict[str, list[dict[str, Any]]] = {}
+  for r in results:
+    by_env.setdefault(r["env"], []).append(r)
+  summary = {}
+  for env, runs in by_env.items():
+    runs = sorted(runs, key=lambda r: r["seed"])
+    iterations = [it for it, _ in runs[0]["curve"]]
+    same_grid = all([it for it, _ in r["curve"]] == iterations for r in runs)
+    band = None
+    if same_grid:
+      mean, low, high = fits.mean_confidence_band(
+          np.asarray([[s for _, s in r["curve"]] for r in runs], np.float64))
+      band = {"iteration": iterations, "mean": mean.tolist(), "low": low.tolist(),
+              "high": high.tolist()}
+    before = interval([r["before"] for r in runs])
+    warm = interval([r["warm_start"] for r in runs])
+    after = interval([r["after"] for r in runs])
+    start = warm or before
+    summary[env] = {
+        "seeds": [r["seed"] for r in runs], "gin_file": runs[0]["gin_file"],
+        "untrained": before, "warm_start": warm, "after_rl": after, "curve": band,
+        # The goals: above the untrained policy, and RL above its starting point, each with
+        # intervals that do not overlap.
+        "rl_above_untrained": bool(len(runs) > 1 and after["low"] > before["high"]),
+        "rl_above_start": bool(len(runs) > 1 and after["low"] > start["high"]),
+        "wall_s": [r["wall_s"] for r in runs]}
+  return summary
+
+
+def run_suite(specs: Sequence[EnvRun], seeds: Sequence[int], runs_dir: str | os.PathLike[str],
+              *, log=print) -> list[dict[str, Any]]:
+  """Every (env, seed), env by env; a failed run is logged and left for the next pass."""
+  results = []
+  for spec in specs:
+    for seed in seeds:
+      try:
+        results.append(run_one(spec, seed, runs_dir, log=log))
+      except RuntimeError as e:
+        log(f"failed: {e}")
+  return results
+
+
+def table(summary: dict[str, Any]) -> str:
+  """The markdown table the README quotes: held-out greedy success, mean [95% interval]."""
+  def cell(x):
+    return "—" if x is None else f"{x['mean']:.3f} [{x['low']:.3f}, {x['high']:.3f}]"
+  lines = ["| env | seeds | untrained | after warm start | after RL |", "|---|---|---|---|---|"]
+  for env, s in summary.items():
+    lines.append(f"| {env} | {len(s['seeds'])} | {cell(s['untrained'])} | "
+                 f"{cell(s['warm_start'])} | {cell(s['after_rl'])} |")
+  return "\n".join(lines)

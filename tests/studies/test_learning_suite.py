@@ -1,0 +1,92 @@
+"""The learning suite's bookkeeping: reading a run's metrics, intervals over seeds, resuming."""
+
+import json
+
+import numpy as np
+import pytest
+
+from agentrl_jax.studies import learning_suite as ls
+
+
+def write_metrics(workdir, rows):
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def run_rows(before, warm, curve):
+  rows = [{"step": 0, "eval/greedy_success_before": before}]
+  if warm is not None:
+    rows.append({"step": 0, "eval/greedy_success_warm_start": warm})
+  for it in range(1, curve[-1][0] + 1):
+    row = {"step": it, "train/success": 0.5}
+    row.update({"eval/greedy_success": s for i, s in curve if i == it})
+    rows.append(row)
+  return rows
+
+
+def test_read_run_takes_the_last_evaluation_not_the_best(tmp_path):
+  write_metrics(tmp_path, run_rows(0.1, 0.5, [(5, 0.9), (10, 0.7)]))
+  got = ls.read_run(tmp_path)
+  assert (got["before"], got["warm_start"], got["after"], got["iterations"]) == (0.1, 0.5, 0.7, 10)
+  assert got["curve"] == [[0, 0.5], [5, 0.9], [10, 0.7]]
+
+
+def test_read_run_without_warm_start_starts_the_curve_untrained(tmp_path):
+  write_metrics(tmp_path, run_rows(0.2, None, [(4, 0.6)]))
+  got = ls.read_run(tmp_path)
+  assert got["warm_start"] is None and got["curve"] == [[0, 0.2], [4, 0.6]]
+
+
+def test_read_run_refuses_an_unfinished_run(tmp_path):
+  write_metrics(tmp_path, [{"step": 0, "eval/greedy_success_before": 0.1}, {"step": 1}])
+  with pytest.raises(ValueError, match="no evaluation"):
+    ls.read_run(tmp_path)
+
+
+def fake_result(env, seed, before, warm, after):
+  return {"env": env, "seed": seed, "before": before, "warm_start": warm, "after": after,
+          "curve": [[0, warm if warm is not None else before], [10, after]], "iterations": 10,
+          "gin_file": f"{env}.gin", "bindings": [], "wall_s": 1.0}
+
+
+def test_summary_intervals_match_the_t_formula_and_the_goals():
+  after = [0.80, 0.84, 0.86]
+  results = [fake_result("a", s, 0.0, 0.6 + 0.01 * s, a) for s, a in enumerate(after)]
+  results += [fake_result("b", s, 0.3, None, 0.3 + 0.01 * s) for s in range(3)]
+  summary = ls.summarize(results)
+  got = summary["a"]["after_rl"]
+  half = 4.302653 * np.std(after, ddof=1) / np.sqrt(3)  # t_{0.975, 2}
+  assert got["mean"] == pytest.approx(np.mean(after))
+  assert (got["low"], got["high"]) == pytest.approx((np.mean(after) - half, np.mean(after) + half),
+                                                    abs=1e-5)
+  assert summary["a"]["rl_above_untrained"] and summary["a"]["rl_above_start"]
+  assert summary["b"]["warm_start"] is None
+  assert not summary["b"]["rl_above_start"]  # 0.30..0.32 against an untrained 0.3
+  assert summary["a"]["curve"]["mean"][-1] == pytest.approx(np.mean(after))
+  assert "| a | 3 |" in ls.table(summary) and "| b | 3 | 0.300" in ls.table(summary)
+
+
+def test_intervals_are_clipped_to_success_rates():
+  got = ls.interval([0.0, 1.0])
+  assert got["low"] == 0.0 and got["high"] == 1.0 and got["mean"] == 0.5
+
+
+def test_a_finished_run_is_read_back_not_relaunched(tmp_path):
+  spec = ls.EnvRun(env="frozenlake", gin_file="no_such_file.gin")
+  workdir = ls.workdir_of(tmp_path, "frozenlake", 3)
+  workdir.mkdir(parents=True)
+  saved = fake_result("frozenlake", 3, 0.0, 0.5, 0.75)
+  (workdir / ls.RESULT_FILE).write_text(json.dumps(saved))
+  assert ls.run_one(spec, 3, tmp_path) == saved
+
+
+def test_a_failed_launch_names_its_log(tmp_path):
+  spec = ls.EnvRun(env="frozenlake", gin_file="no_such_file.gin")
+  with pytest.raises(RuntimeError, match="suite_log.txt"):
+    ls.run_one(spec, 0, tmp_path)
+  assert "no_such_file.gin" in (ls.workdir_of(tmp_path, "frozenlake", 0) / "suite_log.txt").read_text()
+
+
+def test_every_full_size_config_exists():
+  for spec in ls.FULL:
+    assert (ls.CONFIGS / spec.gin_file).is_file(), spec
