@@ -35,6 +35,7 @@ _CORE = [
     "tqdm>=4.70",  # Progress bar.
     "tensorboardX>=2.6",  # TensorBoard event writer without TensorFlow.
     "etils[epath]",  # Paths that may be gs:// (viewer reports).
+    "safetensors>=0.6",  # HF checkpoints: memory-mapped reads, per-device slices (models/hf.py).
 ]
 
 # Light engines of the environment suite; the default test suite exercises them, so `dev` has them.
@@ -50,12 +51,13 @@ _EXTRAS = {
     # rlax is a reference implementation that `*_vs_reference_test.py` compares against;
     # hypothesis drives the property-based tests.
     # matplotlib: CI executes the study notebooks at SMALL size.
-    "dev": ["pytest>=9.0", "rlax>=0.1", "hypothesis>=6.155", "matplotlib>=3.11"] + _LIGHT_ENVS,
+    # wandb: the W&B writer's test runs it in offline mode.
+    "dev": ["pytest>=9.0", "rlax>=0.1", "hypothesis>=6.155", "matplotlib>=3.11",
+            "wandb>=0.22"] + _LIGHT_ENVS,
     # TextWorld engines: heavy (spaCy, jericho) and, for TextWorld-Express, Java on PATH. Their
     # tests skip with a reason where these are absent.
     "envs": _LIGHT_ENVS + ["textworld==1.7.0", "textworld-express==1.1.0"],
-    # models/hf.py reads and writes safetensors itself; transformers and torch serve the logit
-    # parity tests and bench/models.py, tokenizers the tokenizer.json path. torch is pinned: an
+    # transformers and torch serve the logit parity tests and bench/models.py, tokenizers the tokenizer.json path. torch is pinned: an
     # unpinned torch resolves to a multi-GB CUDA build. gguf reads and dequantizes .gguf files and
     # jinja2 renders their chat templates (models/gguf.py); accelerate is what transformers needs
     # to load a GGUF file as the tests' reference.
@@ -68,6 +70,8 @@ _EXTRAS = {
     # The TensorBoard viewer for the event files the learner writes (`tensorboard --logdir ...`);
     # writing them needs only tensorboardX, in the core install.
     "tensorboard": ["tensorboard>=2.21"],
+    # Weights & Biases logging beside JSONL and TensorBoard (`metrics.WandbConfig` in gin).
+    "wandb": ["wandb>=0.22"],
     "notebooks": ["jupytext>=1.19", "matplotlib>=3.11", "nbclient>=0.11", "ipykernel>=7.4",
                   "nbconvert>=7.17"],
 }
