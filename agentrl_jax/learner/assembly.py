@@ -25,6 +25,7 @@ from agentrl_jax.learner import configs
 from agentrl_jax.learner import evaluate as evaluate_lib
 from agentrl_jax.learner import pipeline
 from agentrl_jax.learner import step as step_lib
+from agentrl_jax.models import critic as critic_lib
 from agentrl_jax.models import distribution
 from agentrl_jax.models import gguf
 from agentrl_jax.models import hf
@@ -226,8 +227,8 @@ def abstract_graphdef(model: transformer.TransformerConfig, seed: int):
 
 
 def initial_state(policy_params, *, model, critic_cfg, seed: int, policy_opt, critic_opt,
-                   keep_ref: bool, lora: lora_lib.LoRAConfig | None = None
-                   ) -> types.ActorCriticState:
+                   keep_ref: bool, lora: lora_lib.LoRAConfig | None = None,
+                   critic_from_policy: bool = False) -> types.ActorCriticState:
   """Step 0 of a run (under jit on a mesh, so it is created sharded); `policy_params` are loaded
   weights, or None to initialise them from `seed`.
 
@@ -235,6 +236,7 @@ def initial_state(policy_params, *, model, critic_cfg, seed: int, policy_opt, cr
   fresh adapters on it (`lora.init_adapters`, the adapted model starting equal to the base): the
   optimizer state is the adapters' alone, and no reference copy is kept, since the KL reference
   is the base itself (`step.make_update_fn(lora=...)` takes it beside the state).
+  With `critic_from_policy` the critic is `critic.critic_from_policy` of the policy weights.
   """
   if lora is not None:
     if policy_params is None:
@@ -242,7 +244,12 @@ def initial_state(policy_params, *, model, critic_cfg, seed: int, policy_opt, cr
     policy_params, keep_ref = lora_lib.init_adapters(policy_params, lora, seed), False
   elif policy_params is None:
     policy_params = transformer.create(model, seed)[1]
-  critic_params = transformer.create(critic_cfg, seed + 1)[1] if critic_cfg is not None else None
+  if critic_cfg is None:
+    critic_params = None
+  elif critic_from_policy:
+    critic_params = critic_lib.critic_from_policy(model, policy_params)[1]
+  else:
+    critic_params = transformer.create(critic_cfg, seed + 1)[1]
   return types.ActorCriticState(
       step=jnp.zeros((), jnp.int32), rng=jax.random.key_data(jax.random.key(seed)),
       policy_params=policy_params, policy_opt_state=policy_opt.init(policy_params),

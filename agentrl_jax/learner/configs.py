@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from agentrl_jax import config_errors
 
@@ -24,6 +24,9 @@ class TrainConfig:
       `estimators.gigpo.<name>`; `functools.partial` in Python), or a registry name for its
       defaults.
     use_critic: train a separate critic (needed by critic-based estimators such as 'gae').
+    critic_init: 'random' (the critic's own initialisation) or 'policy': a copy of the policy's
+      trunk with a zero value head (T1's warm start), taken at the start and again after the
+      behaviour-cloning warm start, so the critic starts from what the cloned policy learned.
     restrict_to_action_words: sample only the env's action words, one token each
       (constrained decoding; the learner uses the same restriction).
     checkpoint_every: save a checkpoint every this many iterations (and at the end).
@@ -42,6 +45,7 @@ class TrainConfig:
   group_size: int = 8
   estimator: str | Callable[..., Any] = "grpo"
   use_critic: bool = False
+  critic_init: Literal["random", "policy"] = "random"
   restrict_to_action_words: bool = True
   checkpoint_every: int = 25
   log_every: int = 1

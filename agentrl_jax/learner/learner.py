@@ -28,6 +28,7 @@ from agentrl_jax.learner import pipeline
 from agentrl_jax.learner import rollouts as rollouts_lib
 from agentrl_jax.learner import step as step_lib
 from agentrl_jax.learner import warm_start as warm_start_lib
+from agentrl_jax.models import critic as critic_lib
 from agentrl_jax.models import distribution
 from agentrl_jax.models import gguf
 from agentrl_jax.models import hf
@@ -135,15 +136,23 @@ def build(*, config: configs.TrainConfig = configs.TrainConfig(),
   # Built from the run's config, so remat and the compute dtype apply to loaded weights too.
   policy_graphdef = assembly.abstract_graphdef(model, config.seed)
   critic_cfg = critic_graphdef = None
-  if config.use_critic:
+  critic_from_policy = config.use_critic and config.critic_init == "policy"
+  if critic_from_policy and (critic_model is not None or lora is not None):
+    raise config_errors.ConfigError(
+        "TrainConfig.critic_init = 'policy' copies the policy's whole trunk: leave "
+        "learner.train.critic_model unset and train without LoRA")
+  if critic_from_policy:
+    critic_cfg = critic_lib.critic_config(model)
+  elif config.use_critic:
     critic_cfg = dataclasses.replace(critic_model or model, vocab_size=tok.vocab_size, head="value")
+  if critic_cfg is not None:
     critic_graphdef = assembly.abstract_graphdef(critic_cfg, config.seed + 1)
   updates_per_iteration = loss.ppo_epochs * loss.num_minibatches
   policy_opt = assembly.make_optimizer(optim, config.num_iterations * updates_per_iteration)
   critic_opt = assembly.make_optimizer(critic_optim, config.num_iterations * updates_per_iteration) if config.use_critic else None
   init = functools.partial(assembly.initial_state, model=model, critic_cfg=critic_cfg, seed=config.seed,
                            policy_opt=policy_opt, critic_opt=critic_opt, keep_ref=loss.kl_coef > 0,
-                           lora=lora)
+                           lora=lora, critic_from_policy=critic_from_policy)
   lora_policy = None
   if lora is not None:
     if warm_start.iterations:
@@ -200,9 +209,12 @@ def build(*, config: configs.TrainConfig = configs.TrainConfig(),
     return run_eval(multihost.local_replica(params), rng=jax.random.fold_in(eval_key, tag))
 
   def warm(state, writer):
-    return warm_start_lib.behaviour_cloning(
+    state = warm_start_lib.behaviour_cloning(
         state, policy_graphdef, tok, rollout, warm_start, config, make_env, allowed, temperature,
         model, writer, device_mesh, conversation=conversation)
+    if critic_from_policy:  # T1: the critic starts from the cloned policy, not the initial one
+      state = _critic_from_cloned_policy(state, model, critic_opt, device_mesh, rules)
+    return state
 
   rollouts = rollouts_lib.Rollouts(
       lambda it, params: rollouts_lib.collect_share(runner, strategy, make_env, batch_envs, config,
@@ -305,6 +317,15 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
     run.export(workdir, outcome.state)
   driver.print_summary(outcome, run.evaluation.num_tasks, run.evaluation.pass_k)
   return outcome
+
+
+def _critic_from_cloned_policy(state, model: transformer.TransformerConfig, critic_opt,
+                               device_mesh, rules):
+  """`state` with the critic re-copied from its policy and a fresh critic optimizer state."""
+  copy = lambda params: critic_lib.critic_from_policy(model, params)[1]
+  critic_params = (copy(state.policy_params) if device_mesh is None else
+                   rules_lib.create_sharded(copy, device_mesh, rules, state.policy_params))
+  return state.replace(critic_params=critic_params, critic_opt_state=critic_opt.init(critic_params))
 
 
 def _seed_base(model: transformer.TransformerConfig, seed: int, device_mesh, rules):

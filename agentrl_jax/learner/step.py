@@ -61,6 +61,9 @@ class LossConfig:
   # Importance ratio per 'token' (PPO), per 'turn' (the mean log-ratio of each turn's action
   # tokens, shared by them: a turn is clipped as one decision; RTPO), or per 'sequence' (GSPO).
   ratio_level: str = "token"
+  # T1's critic warm-up: the first this many updates train the critic alone; the policy and its
+  # optimizer state stay as they are (the update counter is `state.step`).
+  critic_warmup_steps: int = 0
 
   def __post_init__(self):
     config_errors.check_field_types(self)
@@ -73,6 +76,8 @@ class LossConfig:
       raise ValueError(f"LossConfig: clip_low/clip_high must be > 0, got {self.clip_low}, {self.clip_high}")
     if self.dual_clip is not None and self.dual_clip <= 1:
       raise ValueError(f"LossConfig.dual_clip must be > 1 or None, got {self.dual_clip}")
+    if self.critic_warmup_steps < 0:
+      raise ValueError(f"LossConfig.critic_warmup_steps must be >= 0, got {self.critic_warmup_steps}")
     if self.ppo_epochs < 1 or self.num_minibatches < 1 or self.micro_batches < 1:
       raise ValueError(f"LossConfig: ppo_epochs, num_minibatches and micro_batches must be >= 1, "
                        f"got {self.ppo_epochs}, {self.num_minibatches}, {self.micro_batches}")
@@ -340,12 +345,14 @@ def make_update_fn(
         new_critic = optax.apply_updates(state.critic_params, c_updates)
         step_metrics.update(c_metrics)
       # A non-finite loss or gradient skips the whole step; it never reaches the parameters.
+      policy_on = grads_finite & (state.step >= loss.critic_warmup_steps)
       new_state = state.replace(
-          policy_params=_tree_where(grads_finite, new_params, state.policy_params),
-          policy_opt_state=_tree_where(grads_finite, new_opt, state.policy_opt_state),
+          policy_params=_tree_where(policy_on, new_params, state.policy_params),
+          policy_opt_state=_tree_where(policy_on, new_opt, state.policy_opt_state),
           critic_params=_tree_where(grads_finite, new_critic, state.critic_params),
           critic_opt_state=_tree_where(grads_finite, new_critic_opt, state.critic_opt_state))
       step_metrics["loss/skipped_nonfinite"] = 1.0 - grads_finite.astype(jnp.float32)
+      step_metrics["loss/policy_frozen"] = 1.0 - policy_on.astype(jnp.float32)
       return new_state, step_metrics
 
     def epoch(state, key):
