@@ -145,21 +145,27 @@ def gae(traj: types.Trajectories, values: Array | None, *,
 def gigpo(traj: types.Trajectories, values: Array | None = None, *,
           discount: float = 0.95, step_weight: float = 1.0, mode: str = "mean_norm",
           eps: float = 1e-6, episode_stats_over: str = "step_rows",
-          num_groups: int | None = None, anchor_key: str | None = None) -> AdvantageOutput:
+          num_groups: int | None = None, anchor_key: str | None = None,
+          invalid_action_penalty: float = 0.1) -> AdvantageOutput:
   """GiGPO (§A.6): episode advantage of `traj.outcome` plus anchor-state step advantages.
 
   Step rewards are `traj.reward`; anchors come from `traj.obs_hash` shifted by one turn, with
   `traj.extras["initial_obs_hash"]` (or a shared constant) for the first turn (see `step`), or
   from `traj.extras[anchor_key]` when given (e.g. SLEA's 'anchor_state_key' clusters).
-  Hyperparameters as in `step.gigpo_advantages`; defaults follow verl-agent.
+  `invalid_action_penalty · 1[not traj.action_valid]` is charged to each turn's step row, in its
+  episode score and in the return its step group normalises (`step.gigpo_advantages`'
+  `step_penalty`); 0 turns it off. Hyperparameters as in `step.gigpo_advantages`; defaults follow
+  verl-agent (penalty 0.1).
   """
   del values  # critic-free
+  invalid = jnp.asarray(traj.turn_mask).astype(bool) & ~jnp.asarray(traj.action_valid).astype(bool)
   out = step.gigpo_advantages(
       jnp.asarray(traj.outcome), jnp.asarray(traj.reward),
       step.trajectory_anchor_hashes(traj, anchor_key),
       jnp.asarray(traj.turn_mask), jnp.asarray(traj.group_id), num_groups, discount=discount,
       step_weight=step_weight, mode=mode, eps=eps, episode_stats_over=episode_stats_over,
-      weights=jnp.asarray(traj.valid_trajectory))
+      weights=jnp.asarray(traj.valid_trajectory),
+      step_penalty=invalid_action_penalty * invalid.astype(jnp.float32))
   return _turn_output(traj, out.advantages)
 
 

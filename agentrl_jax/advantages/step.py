@@ -38,7 +38,8 @@ class GiGPOOutput(NamedTuple):
   """Attributes (all float32):
 
   advantages: `[B, N]` `A^E + ω·A^S`, zero on missing turns and excluded trajectories.
-  episode_advantages: `[B]` `A^E`.
+  episode_advantages: `[B]` `A^E`; `[B, N]` when a step penalty is given (each step row's
+    episode score then carries its own penalty).
   step_advantages: `[B, N]` `A^S`.
   """
 
@@ -182,6 +183,7 @@ def gigpo_advantages(
     eps: float = 1e-6,
     episode_stats_over: str = "step_rows",
     weights: Array | None = None,
+    step_penalty: Array | None = None,
 ) -> GiGPOOutput:
   """GiGPO: episode-level group advantage plus an anchor-state step-level advantage.
 
@@ -194,6 +196,13 @@ def gigpo_advantages(
   The episode level follows verl's group-of-one rule (mean 0, std 1); a singleton step group gets
   `A^S = 0`. Reference: Feng et al., "Group-in-Group Policy Optimization for LLM Agent Training",
   2025 (verl-agent).
+
+  A step penalty `p_{b,k}` (verl-agent's invalid-action penalty) is charged the way verl-agent
+  charges it, to the step row itself: the row's episode score becomes `s_b − p_{b,k}` and the
+  return its step group normalises `G_{b,k} − p_{b,k}` (verl-agent subtracts it after the
+  discounted returns are formed, so it does not reach earlier turns). Counting each trajectory
+  once (`episode_stats_over="trajectories"`) has no per-row score; the trajectory's score is then
+  `s_b − Σ_k p_{b,k}`.
 
   Args:
     episode_scores: `[B]` float episode reward `s_b`.
@@ -209,6 +218,7 @@ def gigpo_advantages(
     episode_stats_over: "step_rows" (verl-agent: each existing turn counts as one sample, so long
       episodes weigh more) or "trajectories" (each trajectory once).
     weights: optional `[B]` 0/1 mask of trajectories to include (e.g. no env fault).
+    step_penalty: optional `[B, N]` float `p_{b,k}` charged to each step row (see above).
 
   Returns:
     `GiGPOOutput`.
@@ -216,6 +226,8 @@ def gigpo_advantages(
   chex.assert_rank([episode_scores, step_rewards, anchor_hash, turn_mask, group_id],
                    [1, 2, 2, 2, 1])
   chex.assert_equal_shape([step_rewards, anchor_hash, turn_mask])
+  if step_penalty is not None:
+    chex.assert_equal_shape([step_penalty, step_rewards])
   if mode not in GIGPO_MODES:
     raise ValueError(f"mode must be one of {GIGPO_MODES}, got {mode!r}")
   if episode_stats_over not in ("step_rows", "trajectories"):
@@ -226,15 +238,18 @@ def gigpo_advantages(
   rows = jnp.asarray(turn_mask).astype(bool) & keep[:, None]
   normalize = mode == "mean_std_norm"
 
-  if episode_stats_over == "step_rows":
-    multiplicity = jnp.sum(rows, axis=1).astype(jnp.float32)
+  if step_penalty is None:
+    episode = _episode_advantages(episode_scores, group_id, rows, keep, num_groups, normalize,
+                                  eps, episode_stats_over)
+    episode_rows = episode[:, None]
+    penalty = 0.0
   else:
-    multiplicity = keep.astype(jnp.float32)
-  episode = group.group_relative_advantages(
-      episode_scores, group_id, num_groups, normalize_by_std=normalize, eps=eps,
-      weights=multiplicity)
+    penalty = jnp.where(rows, jnp.asarray(step_penalty, jnp.float32), 0.0)
+    episode = episode_rows = _penalized_episode_advantages(
+        episode_scores, penalty, group_id, rows, keep, num_groups, normalize, eps,
+        episode_stats_over)
 
-  returns = step_returns(step_rewards.astype(jnp.float32), rows, discount)
+  returns = step_returns(step_rewards.astype(jnp.float32), rows, discount) - penalty
   ids = step_groups(group_id, anchor_hash, rows)
   # Deviations from shifted sums: two rows of one anchor state can differ by 1e-4 at a return
   # of 1000, below the float32 rounding of their mean (group.group_deviations).
@@ -245,8 +260,35 @@ def gigpo_advantages(
     step = step / (std + eps)
   step = jnp.where(rows & (count > 1), step, 0.0)
 
-  advantages = jnp.where(rows, episode[:, None] + step_weight * step, 0.0)
+  advantages = jnp.where(rows, episode_rows + step_weight * step, 0.0)
   return GiGPOOutput(advantages=advantages, episode_advantages=episode, step_advantages=step)
+
+
+def _episode_advantages(scores, group_id, rows, keep, num_groups, normalize, eps, stats_over):
+  """`[B]` `A^E`: one score per trajectory, counted once per step row or once."""
+  if stats_over == "step_rows":
+    multiplicity = jnp.sum(rows, axis=1).astype(jnp.float32)
+  else:
+    multiplicity = keep.astype(jnp.float32)
+  return group.group_relative_advantages(
+      scores, group_id, num_groups, normalize_by_std=normalize, eps=eps, weights=multiplicity)
+
+
+def _penalized_episode_advantages(scores, penalty, group_id, rows, keep, num_groups, normalize,
+                                  eps, stats_over):
+  """`[B, N]` `A^E` with each step row's penalty in its episode score, zero on missing rows."""
+  b, n = rows.shape
+  if stats_over == "trajectories":
+    per_trajectory = _episode_advantages(scores - jnp.sum(penalty, axis=1), group_id, rows, keep,
+                                         num_groups, normalize, eps, stats_over)
+    return jnp.where(rows, per_trajectory[:, None], 0.0)
+  row_scores = jnp.asarray(scores, jnp.float32)[:, None] - penalty
+  gid = jnp.broadcast_to(jnp.asarray(group_id)[:, None], (b, n))
+  # Group ids stay those of the trajectories, so the segment count is the trajectories'.
+  flat = group.group_relative_advantages(
+      row_scores.reshape(-1), gid.reshape(-1), b if num_groups is None else num_groups,
+      normalize_by_std=normalize, eps=eps, weights=rows.reshape(-1).astype(jnp.float32))
+  return flat.reshape(b, n)
 
 
 def grouped_value_proxy(

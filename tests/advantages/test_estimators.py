@@ -29,6 +29,7 @@ def make_trajectories(turns, rewards, group_id, env_error_row=None):
       traj.action_mask[i, pos:pos + act_len] = True
       traj.turn_start[i, k], traj.turn_end[i, k] = pos, pos + act_len
       traj.turn_mask[i, k] = True
+      traj.action_valid[i, k] = True
       traj.reward[i, k] = rewards[i][k]
       pos += act_len
     traj.done[i, len(row) - 1] = True
