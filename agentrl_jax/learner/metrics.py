@@ -2,12 +2,19 @@
 
 `<workdir>/metrics.jsonl` is the record a notebook or test reads back (`read_metrics`);
 `<workdir>/tensorboard/` holds the same scalars for TensorBoard; `config.gin` is the config as
-parsed and `operative_config.gin` the values the run actually used (t5x). Only process 0 writes,
-so a multi-host job produces one copy. The workdir may be local or on an object store (gs://).
+parsed and `operative_config.gin` the values the run actually used (t5x). A config that binds
+`metrics.MetricsWriter.wandb = @metrics.WandbConfig()` also logs the scalars to a Weights & Biases
+run (its local files in `<workdir>/wandb/`, its id in `<workdir>/wandb_run_id`). Only process 0
+writes, so a multi-host job produces one copy. The workdir may be local or on an object store
+(gs://).
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import importlib
+import importlib.util
 import json
 import logging
 import math
@@ -16,7 +23,7 @@ import re
 import socket
 import sys
 import time
-from typing import IO, Any, Mapping
+from typing import IO, Any, Literal, Mapping
 
 import gin
 from etils import epath
@@ -31,6 +38,10 @@ TENSORBOARD_DIR = "tensorboard"
 CONFIG_FILE = "config.gin"
 OPERATIVE_CONFIG_FILE = "operative_config.gin"
 CONFIG_CHANGES_FILE = "config_changes.jsonl"
+# `wandb.init(dir=workdir)` adds this level itself; named here for readers of the run files.
+WANDB_DIR = "wandb"
+WANDB_RUN_ID_FILE = "wandb_run_id"
+WANDB_INSTALL = "pip install 'agentrl_jax[wandb]'"
 # Where `checkpoint.Checkpointer` keeps its steps (one directory per finalised step, named by
 # the step number); read here by name only, so the launch checks need neither jax nor orbax.
 CHECKPOINT_DIR = "checkpoints"
@@ -44,9 +55,14 @@ def check_workdir(workdir: str | os.PathLike[str]) -> None:
   Run at launch, before any compute, so a typo'd or read-only workdir does not surface as a
   traceback after the model is built. An object-store workdir is left to its first write.
 
+  The W&B run a config binds for the workdir is checked here too (`check_wandb`), since this is
+  the launch check every entry point runs.
+
   Raises:
-    config_errors.ConfigError: `workdir` is a file, cannot be created, or is not writable.
+    config_errors.ConfigError: `workdir` is a file, cannot be created, or is not writable; or
+      the config binds a W&B run that cannot start.
   """
+  check_wandb()
   if files.is_remote(workdir):
     return
   path = os.fspath(workdir)
@@ -247,22 +263,182 @@ class _RewrittenObject:
     pass
 
 
+@config_errors.config_class
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WandbConfig:
+  """A Weights & Biases run that gets the learner's scalars beside metrics.jsonl and TensorBoard.
+
+  Bound in gin as `metrics.MetricsWriter.wandb = @metrics.WandbConfig()`.
+
+  Attributes:
+    project, entity, name, group, tags: as `wandb.init` takes them; None leaves the choice to
+      W&B (the account's default entity, a generated name).
+    mode: 'online' streams to the W&B server; 'offline' keeps the run in `<workdir>/wandb` for
+      a later `wandb sync`; 'disabled' logs nothing and needs no wandb package.
+  """
+
+  project: str
+  entity: str | None = None
+  name: str | None = None
+  group: str | None = None
+  tags: tuple[str, ...] = ()
+  mode: Literal["online", "offline", "disabled"] = "online"
+
+  def __post_init__(self):
+    config_errors.check_field_types(self)
+    if not self.project.strip():
+      raise ValueError("metrics.WandbConfig.project must name a W&B project, got ''")
+
+
+def wandb_config() -> WandbConfig | None:
+  """The W&B run the gin config binds as `metrics.MetricsWriter.wandb`; None when it binds none.
+
+  Read from gin here because configs use dynamic registration: the learner constructs its
+  writer directly, so gin never injects the binding into that call.
+
+  Raises:
+    config_errors.ConfigError: the binding does not build a `WandbConfig` (one line).
+  """
+  try:
+    bound = gin.get_bindings(MetricsWriter, resolve_references=False)
+  except ValueError:  # gin registers the writer only once a config binds one of its parameters
+    return None
+  if bound.get("wandb") is None:
+    return None
+  try:
+    config = gin.get_bindings(MetricsWriter)["wandb"]
+  except (config_errors.ConfigError, TypeError) as e:
+    # gin re-raises under a proxy subclass of the error's type: rebuild the library's own.
+    kind = config_errors.ConfigTypeError if isinstance(e, TypeError) else config_errors.ConfigError
+    raise kind(f"metrics.MetricsWriter.wandb: {_first_line(e)}") from e
+  if not isinstance(config, WandbConfig):
+    raise config_errors.ConfigTypeError(
+        f"metrics.MetricsWriter.wandb expects @metrics.WandbConfig(), got {config!r}")
+  return config
+
+
+def check_wandb() -> None:
+  """Fails at launch, in one line, when the config binds a W&B run but wandb is not installed.
+
+  Looks the package up without importing it: only the process that logs pays for loading it.
+  """
+  config = wandb_config()
+  if config is not None and config.mode != "disabled" and importlib.util.find_spec("wandb") is None:
+    raise config_errors.ConfigError(_missing_wandb_message())
+
+
+def _missing_wandb_message() -> str:
+  return f"metrics.WandbConfig binds a W&B run, but wandb is not installed: {WANDB_INSTALL}"
+
+
+def _first_line(error: Exception) -> str:
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  return lines[0] if lines else type(error).__name__
+
+
+class _WandbRun:
+  """The W&B side of a `MetricsWriter`: one W&B run per workdir, found again by its stored id.
+
+  The run starts at the first `log`, not at construction, so a `forget` from the driver's
+  rewind (which comes first) decides whether it is a new run or the stored one resumed.
+  """
+
+  def __init__(self, workdir: str, config: WandbConfig):
+    self._wandb = _import_wandb()
+    self._workdir = workdir
+    self._config = config
+    self._run: Any = None
+
+  def log(self, step: int, values: Mapping[str, float]) -> None:
+    if self._run is None:
+      self._run = self._start()
+    self._run.log(dict(values), step=step)
+
+  def forget(self) -> None:
+    """Ends the current run and drops the stored id: the next `log` starts a new W&B run."""
+    self.close()
+    stored = epath.Path(self._id_path())
+    if stored.exists():
+      stored.unlink()
+
+  def close(self) -> None:
+    if self._run is not None:
+      self._run.finish()
+      self._run = None
+
+  def _id_path(self) -> str:
+    return files.join(self._workdir, WANDB_RUN_ID_FILE)
+
+  def _start(self) -> Any:
+    run_id = (files.read_text(self._id_path()) or "").strip() or None
+    config = self._config
+    run = self._wandb.init(
+        project=config.project, entity=config.entity, name=config.name, group=config.group,
+        tags=list(config.tags), mode=config.mode, dir=self._local_dir(), id=run_id,
+        resume="allow", config=self._run_config(), allow_val_change=True)
+    if run_id is None:
+      files.write_text(self._id_path(), run.id)
+    return run
+
+  def _local_dir(self) -> str | None:
+    # wandb adds the `wandb/` level itself, and cannot write to an object store: a gs://
+    # workdir's run files go where W&B puts them by default (WANDB_DIR, else ./wandb).
+    return None if files.is_remote(self._workdir) else self._workdir
+
+  def _run_config(self) -> dict[str, Any]:
+    text = files.read_text(files.join(self._workdir, CONFIG_FILE))
+    if text is None:
+      return {}
+    # Values parsed where they are literals, so W&B can sort and filter runs by them.
+    return {"gin": {key: _literal(value) for key, value in bindings(text).items()},
+            "gin_config": text}
+
+
+def _import_wandb() -> Any:
+  try:
+    return importlib.import_module("wandb")
+  except ImportError as e:
+    raise config_errors.ConfigError(_missing_wandb_message()) from e
+
+
+def _literal(text: str) -> Any:
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, TypeError, SyntaxError, RecursionError):
+    return text
+
+
 class MetricsWriter:
-  """Appends scalars to `<workdir>/metrics.jsonl` and TensorBoard; a no-op off process 0.
+  """Appends scalars to `<workdir>/metrics.jsonl`, TensorBoard and W&B; a no-op off process 0.
 
   The JSON file is opened in append mode so a resumed run continues the same record. A resumed
   run calls `rewind(restored step)` first, so the iterations it re-runs after the restore are
   recorded once, not twice: the file then holds one record per iteration however often the run
   was killed.
+
+  With a `WandbConfig` (the `wandb` argument, else the gin binding `metrics.MetricsWriter.wandb`)
+  the same scalars go to a W&B run at the same steps (W&B's `step`). Its id is kept in
+  `<workdir>/wandb_run_id`, so a relaunch that resumes a checkpoint resumes the same W&B run.
+  W&B cannot delete logged steps, and ignores (with a warning) a step below the last one a run
+  received: the iterations re-run after a restore keep, in W&B, the values logged before the
+  kill, and W&B agrees with metrics.jsonl again from the first step past them. A launch with no
+  checkpoint (`rewind(None)`) starts a new W&B run. Free text (`write_text`) stays in
+  TensorBoard.
   """
 
-  def __init__(self, workdir: str | os.PathLike[str], process_index: int = 0):
+  def __init__(self, workdir: str | os.PathLike[str], process_index: int = 0,
+               wandb: WandbConfig | None = None):
     self._active = process_index == 0
     self._file: _AppendedFile | _RewrittenObject | None = None
     self._tensorboard: tensorboardX.SummaryWriter | None = None
+    self._wandb: _WandbRun | None = None
     if not self._active:
       return
     workdir = os.fspath(workdir)
+    # First, so that a missing wandb package fails before any file is opened.
+    run = wandb if wandb is not None else wandb_config()
+    if run is not None and run.mode != "disabled":
+      self._wandb = _WandbRun(workdir, run)
     path = files.join(workdir, METRICS_FILE)
     if files.is_remote(workdir):
       self._file = _RewrittenObject(path)
@@ -283,13 +459,16 @@ class MetricsWriter:
     for name, value in values.items():
       self._tensorboard.add_scalar(name, value, global_step=int(step))
     self._tensorboard.flush()
+    if self._wandb is not None:
+      self._wandb.log(int(step), values)
 
   def rewind(self, step: int | None) -> int:
     """Drops the records of the steps after `step`: those a resumed run is about to re-run.
 
     Call it right after restoring checkpoint `step`, or with None when a run (re)starts with no
     checkpoint, which drops every record. A line cut short by a crash goes too. TensorBoard's
-    event files cannot be rewound; TensorBoard shows the later write of a step.
+    event files cannot be rewound; TensorBoard shows the later write of a step. W&B cannot be
+    rewound either: `step` resumes the stored W&B run, None starts a new one (see the class).
 
     Args:
       step: the restored checkpoint's step, or None for none.
@@ -299,6 +478,8 @@ class MetricsWriter:
     """
     if not self._active:
       return 0
+    if step is None and self._wandb is not None:
+      self._wandb.forget()
     kept, dropped = [], 0
     for line in self._file.lines():
       try:
@@ -328,6 +509,9 @@ class MetricsWriter:
     if self._tensorboard is not None:
       self._tensorboard.close()
       self._tensorboard = None
+    if self._wandb is not None:
+      self._wandb.close()
+      self._wandb = None
 
   def __enter__(self) -> MetricsWriter:
     return self
