@@ -27,6 +27,7 @@ from agentrl_jax.advantages import group
 from agentrl_jax.advantages import similarity
 from agentrl_jax.advantages import step
 from agentrl_jax.advantages import turn
+from agentrl_jax.advantages import whiten as whiten_lib
 
 Array = jax.Array
 
@@ -115,17 +116,21 @@ def rloo(traj: types.Trajectories, values: Array | None = None, *,
 
 
 def gae(traj: types.Trajectories, values: Array | None, *,
-        discount: float = 1.0, lambda_: float = 1.0) -> AdvantageOutput:
+        discount: float = 1.0, lambda_: float = 1.0, whiten: bool = True) -> AdvantageOutput:
   """Token-level GAE over the interleaved sequence (§A.1, StarPO's PPO variant).
 
   Turn rewards `traj.reward` are placed on the last action token of each turn
-  (`gae.token_rewards`); observation tokens are transparent. Defaults γ = λ = 1 as in verl.
+  (`gae.token_rewards`); observation tokens are transparent. Defaults γ = λ = 1 and whitening
+  on, as in verl.
 
   Args:
     traj: the batch.
     values: `[B, L]` critic values `V_t` at every token (only action tokens are read).
     discount: γ.
     lambda_: λ.
+    whiten: whiten the advantages over the batch's valid action tokens (masked mean 0,
+      unbiased variance 1, eps 1e-8; `whiten.masked_whiten`). The returns `A + V` are formed
+      before and stay unwhitened: they are the critic's targets.
   """
   if values is None:
     raise ValueError("estimator 'gae' needs critic values, got values=None")
@@ -137,8 +142,11 @@ def gae(traj: types.Trajectories, values: Array | None, *,
   out = gae_lib.generalized_advantage_estimation(
       rewards, jnp.asarray(values, jnp.float32), mask, discount, lambda_)
   valid = _valid_tokens(traj)
+  advantages = out.advantages
+  if whiten:
+    advantages = whiten_lib.masked_whiten(advantages, valid)
   return AdvantageOutput(
-      advantages=jnp.where(valid, out.advantages, 0.0).astype(jnp.float32),
+      advantages=jnp.where(valid, advantages, 0.0).astype(jnp.float32),
       returns=jnp.where(valid, out.returns, 0.0).astype(jnp.float32))
 
 

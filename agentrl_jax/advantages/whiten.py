@@ -1,6 +1,7 @@
 """Masked moments and whitening (docs/methods.md#ppo-gae, verl `masked_whiten`).
 
-Whitening is its own function, called by the learner after an estimator; no estimator whitens.
+The `gae` estimator whitens its advantages with `masked_whiten` (verl's convention, switched by
+its `whiten` argument); the group-normalised estimators need no whitening.
 """
 
 from __future__ import annotations

@@ -108,8 +108,8 @@ def test_gae_estimator_matches_kernel_and_zeroes_padding(jit):
   values = np.random.RandomState(0).randn(4, L).astype(np.float32)
   fn = estimators.get_estimator("gae")
   if jit:
-    fn = jax.jit(fn, static_argnames=("discount", "lambda_"))
-  out = fn(traj, values, discount=0.9, lambda_=0.8)
+    fn = jax.jit(fn, static_argnames=("discount", "lambda_", "whiten"))
+  out = fn(traj, values, discount=0.9, lambda_=0.8, whiten=False)
   rewards = gae_lib.token_rewards(traj.reward, traj.turn_end, traj.turn_mask, L)
   ref = gae_lib.generalized_advantage_estimation(rewards, values, traj.action_mask, 0.9, 0.8)
   mask = traj.action_mask.copy()
@@ -122,7 +122,7 @@ def test_gae_estimator_matches_kernel_and_zeroes_padding(jit):
 def test_gae_estimator_with_lambda_one_is_outcome_minus_value():
   traj = _traj()
   values = np.random.RandomState(1).randn(4, L).astype(np.float32)
-  out = JIT["gae"](traj, values)
+  out = jax.jit(functools.partial(estimators.gae, whiten=False))(traj, values)
   # γ = λ = 1: every action token's advantage is the sum of the rewards still to come minus V_t.
   rewards = np.asarray(gae_lib.token_rewards(traj.reward, traj.turn_end, traj.turn_mask, L))
   to_go = np.cumsum(rewards[:, ::-1], axis=1)[:, ::-1]
