@@ -3,7 +3,8 @@
 
 Diagnostics, not estimators: `gradient_snr` measures how much signal a gradient estimator carries
 over a set of independent samples; `decision_density` estimates the fraction of consequential turns
-in real agent data from a learned critic.
+in real agent data from a learned critic, and `batch_decision_density` from a batch of groups
+alone (no critic).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from typing import Any, NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
+
+from agentrl_jax import types
+from agentrl_jax.advantages import step as step_lib
 
 Array = jax.Array
 
@@ -150,3 +154,51 @@ def decision_density(q_values: Array, state_values: Array, turn_mask: Array,
   per_trajectory = jnp.sum(decisions, axis=1) / jnp.maximum(count, 1.0)
   density = jnp.sum(decisions) / jnp.maximum(jnp.sum(count), 1.0)
   return DecisionDensity(density=density, per_trajectory=per_trajectory, decisions=decisions)
+
+
+def action_hashes(traj: types.Trajectories) -> Array:
+  """`[B, N]` int32 hash of each turn's sampled action ids (equal actions, equal hashes).
+
+  Each action token is mixed with its offset in the turn and the terms are summed per turn, so
+  the hash depends on the ids and their order; missing turns hash to 0.
+  """
+  tokens = jnp.asarray(traj.tokens).astype(jnp.uint32)
+  acting = jnp.asarray(traj.action_mask).astype(bool)
+  turn = jnp.asarray(traj.turn_of_token)
+  start = jnp.take_along_axis(jnp.asarray(traj.turn_start), jnp.maximum(turn, 0), axis=1)
+  offset = (jnp.arange(tokens.shape[1])[None, :] - start).astype(jnp.uint32)
+  term = step_lib._mix32(tokens * jnp.uint32(0x9E3779B1) + step_lib._mix32(offset + 1))
+  term = jnp.where(acting & (turn >= 0), term, jnp.uint32(0))
+  n = traj.turn_mask.shape[1]
+  per_turn = jax.vmap(lambda t, ids: jax.ops.segment_sum(t, ids, n))(
+      term, jnp.where(acting & (turn >= 0), turn, n - 1))
+  return per_turn.astype(jnp.int32)
+
+
+def _segment_mean(values: Array, ids: Array, weights: Array) -> Array:
+  """Each row's mean of `values` over the rows sharing its id (weighted), `[B, N]`."""
+  flat_ids, w = ids.reshape(-1), weights.reshape(-1).astype(jnp.float32)
+  num = flat_ids.shape[0]
+  total = jax.ops.segment_sum(values.reshape(-1) * w, flat_ids, num)
+  count = jax.ops.segment_sum(w, flat_ids, num)
+  return (total / jnp.maximum(count, 1.0))[flat_ids].reshape(ids.shape)
+
+
+def batch_decision_density(traj: types.Trajectories, threshold: float) -> DecisionDensity:
+  """`decision_density` with values estimated from the batch's groups instead of a critic.
+
+  V̂(h) is the mean undiscounted return-to-go of the group's turns acting from the same state
+  (the anchor state GiGPO groups on) and Q̂(h, a) the mean over those that also took the same
+  action. Both are Monte-Carlo means over a few episodes, so later decisions add noise to
+  routine turns' gaps: with small groups ρ̂ is biased upwards, and τ should sit above that noise.
+  """
+  mask = jnp.asarray(traj.turn_mask).astype(bool) & jnp.asarray(traj.valid_trajectory)[:, None]
+  returns = step_lib.step_returns(jnp.asarray(traj.reward, jnp.float32), mask, 1.0)
+  anchors = step_lib.trajectory_anchor_hashes(traj)
+  group_id = jnp.asarray(traj.group_id)
+  state_ids = step_lib.step_groups(group_id, anchors, mask)
+  action_ids = step_lib.step_groups(
+      group_id, step_lib._mix32((anchors.astype(jnp.uint32) * jnp.uint32(0x85EBCA6B))
+                               ^ action_hashes(traj).astype(jnp.uint32)).astype(jnp.int32), mask)
+  return decision_density(_segment_mean(returns, action_ids, mask),
+                          _segment_mean(returns, state_ids, mask), mask, threshold)

@@ -24,6 +24,9 @@ class TrainConfig:
       `estimators.gigpo.<name>`; `functools.partial` in Python), or a registry name for its
       defaults.
     use_critic: train a separate critic (needed by critic-based estimators such as 'gae').
+    decision_density_threshold: log `credit/decision_density`, the batch's share of turns whose
+      action moves the group's mean return-to-go by more than this (`density.
+      batch_decision_density`, no critic needed); None: not computed.
     critic_init: 'random' (the critic's own initialisation) or 'policy': a copy of the policy's
       trunk with a zero value head (T1's warm start), taken at the start and again after the
       behaviour-cloning warm start, so the critic starts from what the cloned policy learned.
@@ -46,6 +49,7 @@ class TrainConfig:
   estimator: str | Callable[..., Any] = "grpo"
   use_critic: bool = False
   critic_init: Literal["random", "policy"] = "random"
+  decision_density_threshold: float | None = None
   restrict_to_action_words: bool = True
   checkpoint_every: int = 25
   log_every: int = 1

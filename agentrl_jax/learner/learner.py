@@ -16,6 +16,7 @@ import jax
 
 from agentrl_jax import config_errors
 from agentrl_jax import files
+from agentrl_jax.advantages import density
 from agentrl_jax.envs import registry
 from agentrl_jax.learner import assembly
 from agentrl_jax.learner import batches
@@ -221,7 +222,8 @@ def build(*, config: configs.TrainConfig = configs.TrainConfig(),
                                                     it, params, jax.random.fold_in(base_key, it)),
       sampling_params, config.max_staleness, config.num_iterations)
   method = OnlineMethod(rollouts=rollouts, update=update, device_mesh=device_mesh,
-                        runners=(runner, greedy_runner), env_name=config.env_name, lora=lora_policy)
+                        runners=(runner, greedy_runner), env_name=config.env_name, lora=lora_policy,
+                        decision_density_threshold=config.decision_density_threshold)
   return OnlineRun(method=method, state=state, evaluate=evaluate,
                    warm_start=warm if warm_start.iterations else None, stateful=stateful,
                    schedule=driver.Schedule.of(config, evaluation), evaluation=evaluation,
@@ -400,6 +402,10 @@ class OnlineMethod:
   name: str = "online"
   env_name: str = ""
   lora: LoRAPolicy | None = None  # set: state.policy_params are adapters on lora.base
+  decision_density_threshold: float | None = None
+
+  def __post_init__(self):
+    self._density = jax.jit(density.batch_decision_density, static_argnums=1)
 
   def iteration(self, state, iteration: int) -> driver.IterationResult:
     traj, stats, lag = self.rollouts.get(iteration, self.policy_params(state))
@@ -407,6 +413,9 @@ class OnlineMethod:
     registry.check_env_faults(self.env_name, stats.turns, stats.faults)
     metrics = batches.iteration_metrics(traj, stats)
     metrics["rollout/policy_lag"] = lag
+    if self.decision_density_threshold is not None:
+      metrics["credit/decision_density"] = float(
+          self._density(traj, self.decision_density_threshold).density)
     frozen = () if self.lora is None else (self.lora.base,)
     state, update_metrics = self.update(state, batches.global_batch(traj, self.device_mesh), *frozen)
     metrics.update({k: float(v) for k, v in jax.device_get(update_metrics).items()})

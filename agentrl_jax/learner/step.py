@@ -64,6 +64,9 @@ class LossConfig:
   # T1's critic warm-up: the first this many updates train the critic alone; the policy and its
   # optimizer state stay as they are (the update counter is `state.step`).
   critic_warmup_steps: int = 0
+  # Log `credit/gradient_snr`: the policy gradient's SNR across the minibatch's micro-batches
+  # (`micro_batch_snr`, cheap: one extra scalar per micro-batch). Needs micro_batches >= 2.
+  gradient_snr: bool = False
 
   def __post_init__(self):
     config_errors.check_field_types(self)
@@ -76,6 +79,9 @@ class LossConfig:
       raise ValueError(f"LossConfig: clip_low/clip_high must be > 0, got {self.clip_low}, {self.clip_high}")
     if self.dual_clip is not None and self.dual_clip <= 1:
       raise ValueError(f"LossConfig.dual_clip must be > 1 or None, got {self.dual_clip}")
+    if self.gradient_snr and self.micro_batches < 2:
+      raise ValueError("LossConfig.gradient_snr compares micro-batch gradients: set "
+                       f"micro_batches >= 2, got {self.micro_batches}")
     if self.critic_warmup_steps < 0:
       raise ValueError(f"LossConfig.critic_warmup_steps must be >= 0, got {self.critic_warmup_steps}")
     if self.ppo_epochs < 1 or self.num_minibatches < 1 or self.micro_batches < 1:
@@ -140,17 +146,34 @@ def _summed_value_and_grad(objective, params, micro_args, micro_batches: int):
 
   `micro_args(j)` gives the objective's arguments after `params` for micro-batch j (an int32
   scalar under the scan); the objective weighs its outputs by the micro-batch's share, so the
-  sums are the whole minibatch's values.
+  sums are the whole minibatch's values. Also returns `Σ_j ‖g_j‖²` over the micro-batch
+  gradients (a scalar; what `micro_batch_snr` needs beside the sum).
   """
   grad_fn = jax.value_and_grad(objective, has_aux=True)
 
   def micro(acc, j):
     (value, aux), grads = grad_fn(params, *micro_args(j))
-    return jax.tree.map(jnp.add, acc, grads), (value, aux)
+    summed, square = acc
+    return (jax.tree.map(jnp.add, summed, grads), square + optax.global_norm(grads) ** 2), (value, aux)
 
   zeros = jax.tree.map(jnp.zeros_like, params)
-  grads, (values, aux) = jax.lax.scan(micro, zeros, jnp.arange(micro_batches))
-  return (jnp.sum(values), jax.tree.map(lambda x: jnp.sum(x, axis=0), aux)), grads
+  (grads, square), (values, aux) = jax.lax.scan(micro, (zeros, jnp.zeros((), jnp.float32)),
+                                                jnp.arange(micro_batches))
+  return (jnp.sum(values), jax.tree.map(lambda x: jnp.sum(x, axis=0), aux)), grads, square
+
+
+def micro_batch_snr(summed_grads, square_norms: jax.Array, micro_batches: int) -> jax.Array:
+  """Gradient SNR of one micro-batch's estimate, from the micro-batch gradients' sum and Σ‖g_j‖².
+
+  Each micro-batch holds an equal share of the minibatch, so `M·g_j` is an estimate of the
+  minibatch gradient `G = Σ_j g_j`; as `density.gradient_snr` over those M samples, without
+  holding them: v = (Σ_j ‖M·g_j‖² − M‖G‖²)/(M − 1), SNR = sqrt(max(‖G‖² − v/M, tiny)/v).
+  """
+  m = micro_batches
+  mean_sq = optax.global_norm(summed_grads) ** 2
+  noise = jnp.maximum((m * m * square_norms - m * mean_sq) / (m - 1), jnp.finfo(jnp.float32).tiny)
+  signal = jnp.maximum(mean_sq - noise / m, jnp.finfo(jnp.float32).tiny)
+  return jnp.sqrt(signal) / jnp.sqrt(noise)
 
 
 def _in_chunks(fn, chunks: int, *args):
@@ -310,7 +333,7 @@ def make_update_fn(
     def gradients(objective, params, args, shares_of, idx):
       """The minibatch `idx`'s (loss, metrics) and gradient, summed over its micro-batches."""
       if micro_batches == 1:
-        return jax.value_and_grad(objective, has_aux=True)(params, *args(idx, None))
+        return (*jax.value_and_grad(objective, has_aux=True)(params, *args(idx, None)), None)
       slices = idx.reshape(micro_batches, micro)
       return _summed_value_and_grad(
           objective, params, lambda j: args(slices[j], shares_of(slices[j], idx)), micro_batches)
@@ -329,15 +352,17 @@ def make_update_fn(
                                loss.agg_mode)
 
     def minibatch_step(state, idx):
-      (p_loss, p_metrics), p_grads = gradients(
+      (p_loss, p_metrics), p_grads, p_square = gradients(
           policy_objective, state.policy_params, policy_args, policy_shares, idx)
       grads_finite = jnp.isfinite(optax.global_norm(p_grads)) & jnp.isfinite(p_loss)
       updates, new_opt = policy_optimizer.update(p_grads, state.policy_opt_state, state.policy_params)
       new_params = optax.apply_updates(state.policy_params, updates)
       step_metrics = dict(p_metrics, **{"loss/grad_norm": optax.global_norm(p_grads)})
+      if loss.gradient_snr:
+        step_metrics["credit/gradient_snr"] = micro_batch_snr(p_grads, p_square, micro_batches)
       new_critic, new_critic_opt = state.critic_params, state.critic_opt_state
       if use_critic:
-        (_, c_metrics), c_grads = gradients(
+        (_, c_metrics), c_grads, _ = gradients(
             critic_objective, state.critic_params, critic_args, critic_share, idx)
         grads_finite &= jnp.isfinite(optax.global_norm(c_grads))
         c_updates, new_critic_opt = critic_optimizer.update(
