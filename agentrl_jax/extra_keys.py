@@ -57,6 +57,9 @@ ACTION_SPAN_KEY = "action_span"
 UPDATE_STEP_KEY = "update_step"
 # [B, N] float32 DeltaTTG: the meter's value m_k before each turn.
 METER_KEY = "ttg_meter"
+# [B, N] float32 Iterative Reward Calibration: the calibrated turn reward Σ_f w_f f_{b,k}
+# (estimators read it through their `turn_reward_key`).
+IRC_TURN_REWARD_KEY = "irc_turn_reward"
 # [B] float32 TSR instance filter: 1 where the instance was kept for the loss.
 INSTANCE_KEPT_KEY = "instance_kept"
 # TSR: candidate scores [B, N_turns, N] and the kept candidate [B, N_turns]; beam search: the

@@ -231,11 +231,17 @@ def gtpo(traj: types.Trajectories, values: Array | None = None, *,
 
 def gtpo_hybrid(traj: types.Trajectories, values: Array | None = None, *,
                 discount: float = 0.9, outcome_coef: float = 0.5, alignment_guard: bool = True,
-                eps: float = 1e-6, num_groups: int | None = None) -> AdvantageOutput:
-  """GTPO returns plus a dampened GRPO outcome advantage with a sign guard (§B.17)."""
+                eps: float = 1e-6, num_groups: int | None = None,
+                turn_reward_key: str | None = None) -> AdvantageOutput:
+  """GTPO returns plus a dampened GRPO outcome advantage with a sign guard (§B.17).
+
+  Turn rewards are `traj.reward`, or `traj.extras[turn_reward_key]` (`[B, N]`), e.g. the
+  calibrated reward of `rewards.calibration.IterativeRewardCalibration` ('irc_turn_reward'),
+  which keeps the outcome out of the turn returns.
+  """
   del values  # critic-free
   out = turn.gtpo_hybrid_advantages(
-      jnp.asarray(traj.reward), jnp.asarray(traj.outcome), jnp.asarray(traj.turn_mask),
+      _turn_rewards(traj, turn_reward_key), jnp.asarray(traj.outcome), jnp.asarray(traj.turn_mask),
       jnp.asarray(traj.group_id), num_groups, discount=discount, outcome_coef=outcome_coef,
       alignment_guard=alignment_guard, eps=eps, weights=jnp.asarray(traj.valid_trajectory))
   return _turn_output(traj, out.advantages)
