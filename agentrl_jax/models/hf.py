@@ -2,11 +2,10 @@
 
 A checkpoint directory holds `config.json` and either `model.safetensors` or shards listed in
 `model.safetensors.index.json`. Loading maps `config.json` to a `TransformerConfig`, checks every
-tensor's name and shape against it, and builds each parameter with
-`jax.make_array_from_callback` from a memory-mapped view of the file: each device reads only its
-own shard of each tensor, so a large model never exists as one host copy. The safetensors format
-is read and written here directly (a JSON header and raw little-endian bytes), so neither torch
-nor the `safetensors` package is needed at run time.
+tensor's name, shape and dtype against it, and builds each parameter with
+`jax.make_array_from_callback`: each device reads only its own block of each tensor from the
+memory-mapped file (`safetensors.safe_open(...).get_slice`), so a large model never exists as one
+host copy. Files are read and written with the `safetensors` package (numpy framework, no torch).
 
 Layout differences handled here (HF -> ours):
   * linear weights are stored [out, in] by HF, [in, out] here;
@@ -16,15 +15,19 @@ Layout differences handled here (HF -> ours):
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import functools
 import json
 import os
 import struct
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import jax
 import ml_dtypes
 import numpy as np
+import safetensors
+import safetensors.numpy
 from flax import nnx
 
 from agentrl_jax.models import transformer
@@ -34,6 +37,8 @@ CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
+# safetensors (0.6 on) reads and writes BF16 as ml_dtypes.bfloat16 in its numpy framework, so
+# bf16 checkpoints need no raw-byte fallback; this table bounds what a checkpoint may hold.
 _DTYPES = {
     "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
     "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
@@ -41,6 +46,7 @@ _DTYPES = {
     "BOOL": np.dtype(np.bool_),
 }
 _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+_FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 _TORCH_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
@@ -52,85 +58,124 @@ class CheckpointError(ValueError):
 # safetensors files
 
 
+def _open(path: str):
+  """`path` opened memory-mapped; any layout problem is a one-line CheckpointError naming it."""
+  try:
+    return safetensors.safe_open(path, framework="numpy")
+  except safetensors.SafetensorError as e:
+    # safe_open checks that the header parses and that the tensors' byte ranges tile the file,
+    # so a cut-off download fails here, before anything is read.
+    reason = " ".join(str(e).split())
+    raise CheckpointError(f"{path}: truncated or corrupt safetensors file ({reason})") from None
+  except OSError as e:
+    raise CheckpointError(f"{path}: cannot open ({e.strerror or e})") from None
+
+
+class MappedTensors(collections.abc.Mapping):
+  """The tensors of one or more .safetensors files by name; `[name]` reads that tensor whole.
+
+  The files stay memory-mapped: nothing is read until a tensor (or a block, `read`) is asked for.
+  """
+
+  def __init__(self, paths: Iterable[str]):
+    self._where: dict[str, tuple[str, Any]] = {}
+    for path in paths:
+      handle = _open(path)
+      for name in handle.keys():
+        dtype = handle.get_slice(name).get_dtype()
+        if dtype not in _DTYPES:
+          raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {dtype}")
+        self._where[name] = (path, handle)
+
+  def __getitem__(self, name: str) -> np.ndarray:
+    return self._where[name][1].get_tensor(name)
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._where)
+
+  def __len__(self) -> int:
+    return len(self._where)
+
+  def path(self, name: str) -> str:
+    return self._where[name][0]
+
+  def shape(self, name: str) -> tuple[int, ...]:
+    return tuple(self._where[name][1].get_slice(name).get_shape())
+
+  def dtype(self, name: str) -> str:
+    """The safetensors dtype name ('F32', 'BF16', ...)."""
+    return self._where[name][1].get_slice(name).get_dtype()
+
+  def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+    """Only the block `index` of tensor `name` (basic slices, one per dimension)."""
+    return self._where[name][1].get_slice(name)[index]
+
+
 def read_safetensors_header(path: str) -> tuple[dict[str, Any], int]:
   """The header of a .safetensors file and the byte offset where tensor data starts."""
+  with _open(path):
+    pass  # Validates the layout; the package does not expose the data offsets, so read them.
   with open(path, "rb") as f:
-    raw = f.read(8)
-    if len(raw) != 8:
-      raise CheckpointError(f"{path}: not a safetensors file (shorter than its 8-byte header size)")
-    (size,) = struct.unpack("<Q", raw)
-    if size > os.path.getsize(path) - 8:
-      raise CheckpointError(f"{path}: not a safetensors file (header size {size} exceeds the file)")
-    try:
-      header = json.loads(f.read(size))
-    except json.JSONDecodeError as e:
-      raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from None
+    (size,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(size))
   header.pop("__metadata__", None)
   return header, 8 + size
 
 
-def open_safetensors(path: str) -> dict[str, np.ndarray]:
-  """Memory-mapped, read-only views of every tensor in a .safetensors file (no data is read)."""
-  header, start = read_safetensors_header(path)
-  file_size = os.path.getsize(path)
-  out = {}
-  for name, info in header.items():
-    if info["dtype"] not in _DTYPES:
-      raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
-    dtype = _DTYPES[info["dtype"]]
-    begin, end = info["data_offsets"]
-    shape = tuple(info["shape"])
-    if end - begin != int(np.prod(shape)) * dtype.itemsize or start + end > file_size:
-      raise CheckpointError(f"{path}: tensor {name!r} data range {begin}..{end} does not match "
-                            f"its shape {shape} and dtype {info['dtype']} (truncated file?)")
-    out[name] = np.memmap(path, dtype=dtype, mode="r", offset=start + begin, shape=shape)
-  return out
+def open_safetensors(path: str) -> MappedTensors:
+  """Every tensor of a .safetensors file, memory-mapped; each is read when it is looked up."""
+  return MappedTensors([path])
 
 
 def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
-  """Writes tensors (in name order) as one .safetensors file, atomically."""
-  header, offset, ordered = {}, 0, []
-  for name in sorted(tensors):
-    array = np.ascontiguousarray(tensors[name])
-    if array.dtype not in _DTYPE_NAMES:
-      raise ValueError(f"write_safetensors: tensor {name!r} has unsupported dtype {array.dtype}")
-    header[name] = {"dtype": _DTYPE_NAMES[array.dtype], "shape": list(array.shape),
-                    "data_offsets": [offset, offset + array.nbytes]}
-    offset += array.nbytes
-    ordered.append(array)
-  header["__metadata__"] = {"format": "pt"}
-  encoded = json.dumps(header, separators=(",", ":")).encode()
-  encoded += b" " * (-len(encoded) % 8)  # The data section starts 8-byte aligned.
+  """Writes tensors as one .safetensors file, atomically."""
+  arrays = {}
+  for name, tensor in tensors.items():
+    # save_file copies the raw buffer from the data pointer: a strided view would be written
+    # scrambled, hence the contiguous copy.
+    arrays[name] = np.ascontiguousarray(tensor)
+    if arrays[name].dtype not in _DTYPE_NAMES:
+      raise ValueError(f"write_safetensors: tensor {name!r} has unsupported dtype "
+                       f"{arrays[name].dtype}")
   tmp = path + ".tmp"
-  with open(tmp, "wb") as f:
-    f.write(struct.pack("<Q", len(encoded)))
-    f.write(encoded)
-    for array in ordered:
-      f.write(array.tobytes())
+  # transformers' loader rejects a safetensors file whose metadata lacks a known "format".
+  safetensors.numpy.save_file(arrays, tmp, metadata={"format": "pt"})
   os.replace(tmp, path)
 
 
-def checkpoint_tensors(directory: str) -> dict[str, np.ndarray]:
-  """Memory-mapped views of every tensor of a checkpoint directory (single file or shards)."""
-  index = os.path.join(directory, INDEX_FILE)
-  single = os.path.join(directory, SINGLE_FILE)
-  if os.path.exists(index):
-    with open(index) as f:
+def _listed_shards(index: str) -> dict[str, str]:
+  with open(index) as f:
+    try:
       weight_map = json.load(f).get("weight_map")
-    if not isinstance(weight_map, dict):
-      raise CheckpointError(f"{index}: no 'weight_map'")
-    tensors = {}
-    for shard in sorted(set(weight_map.values())):
-      shard_path = os.path.join(directory, shard)
-      if not os.path.exists(shard_path):
-        raise CheckpointError(f"{index} lists shard {shard!r}, which is missing from {directory}")
-      tensors.update(open_safetensors(shard_path))
-    missing = sorted(set(weight_map) - set(tensors))
-    if missing:
-      raise CheckpointError(f"{index}: tensors {missing[:5]} are listed but not in their shards")
-    return tensors
+    except json.JSONDecodeError as e:
+      raise CheckpointError(f"{index}: invalid JSON ({e})") from None
+  if not isinstance(weight_map, dict):
+    raise CheckpointError(f"{index}: no 'weight_map'")
+  return weight_map
+
+
+def _sharded_tensors(directory: str, index: str) -> MappedTensors:
+  weight_map = _listed_shards(index)
+  paths = []
+  for shard in sorted(set(weight_map.values())):
+    paths.append(os.path.join(directory, shard))
+    if not os.path.exists(paths[-1]):
+      raise CheckpointError(f"{index} lists shard {shard!r}, which is missing from {directory}")
+  tensors = MappedTensors(paths)
+  missing = sorted(set(weight_map) - set(tensors))
+  if missing:
+    raise CheckpointError(f"{index}: tensors {missing[:5]} are listed but not in their shards")
+  return tensors
+
+
+def checkpoint_tensors(directory: str) -> MappedTensors:
+  """Every tensor of a checkpoint directory (single file or shards), memory-mapped."""
+  index = os.path.join(directory, INDEX_FILE)
+  if os.path.exists(index):
+    return _sharded_tensors(directory, index)
+  single = os.path.join(directory, SINGLE_FILE)
   if os.path.exists(single):
-    return open_safetensors(single)
+    return MappedTensors([single])
   raise CheckpointError(f"{directory}: no {SINGLE_FILE} or {INDEX_FILE} (not a safetensors "
                         "checkpoint directory)")
 
@@ -257,15 +302,23 @@ def architecture_diff(checkpoint: transformer.TransformerConfig,
 # ---------------------------------------------------------------------------------------------
 # parameter name and layout mapping
 
+Index = tuple[slice, ...]
+
 
 @dataclasses.dataclass(frozen=True)
 class _Entry:
-  """One parameter: its path here, its HF tensor name, and the two layout conversions."""
+  """One parameter: its path here, its HF tensor name, and the layout conversions.
+
+  `hf_index` maps a block of our layout (one step-1 slice per dimension) to the HF block that
+  holds it plus the index that cuts ours out of `to_ours(that HF block)`; `to_ours` works on any
+  such block, not only the whole tensor.
+  """
 
   path: str
   hf_name: str
   to_ours: Callable[[np.ndarray], np.ndarray]
   to_hf: Callable[[np.ndarray], np.ndarray]
+  hf_index: Callable[[Index], tuple[Index, Index]]
 
 
 def _identity(x):
@@ -276,38 +329,63 @@ def _transpose(x):
   return x.T
 
 
-def _entries(config: transformer.TransformerConfig) -> list[_Entry]:
+def _same_block(index: Index) -> tuple[Index, Index]:
+  return index, ()
+
+
+def _transposed_block(index: Index) -> tuple[Index, Index]:
+  return index[::-1], ()
+
+
+def _head_rows(heads: slice, dh: int) -> slice:
+  # The HF axis holding heads*dh: a run of whole heads is one contiguous run of rows. A block
+  # that splits dh reads its heads whole and is cut down after (no rule shards dh today).
+  return slice(heads.start * dh, heads.stop * dh)
+
+
+def _mlp_entries(ours: str, hf: str) -> list[_Entry]:
+  return [_Entry(f"{ours}.mlp.w_{n}", f"{hf}.mlp.{n}_proj.weight", _transpose, _transpose,
+                 _transposed_block) for n in ("gate", "up", "down")]
+
+
+def _attention_entries(config: transformer.TransformerConfig, ours: str, hf: str) -> list[_Entry]:
   c = config
   d, h, kv, dh = c.d_model, c.num_heads, c.kv_heads, c.dim_per_head
+  every = slice(None)
 
-  def proj(heads):  # HF [heads*dh, D] <-> ours [D, heads, dh]; views, no copy on the way in.
-    return (lambda w: w.T.reshape(d, heads, dh), lambda w: w.reshape(d, heads * dh).T)
+  def proj(name, heads):  # HF [heads*dh, D] <-> ours [D, heads, dh]
+    return _Entry(f"{ours}.attn.w{name}", f"{hf}.self_attn.{name}_proj.weight",
+                  lambda w: w.T.reshape(w.shape[1], -1, dh),
+                  lambda w: w.reshape(d, heads * dh).T,
+                  lambda i: ((_head_rows(i[1], dh), i[0]), (every, every, i[2])))
 
-  def bias(heads):
-    return (lambda b: b.reshape(heads, dh), lambda b: b.reshape(heads * dh))
+  def bias(name, heads):  # HF [heads*dh] <-> ours [heads, dh]
+    return _Entry(f"{ours}.attn.b{name}", f"{hf}.self_attn.{name}_proj.bias",
+                  lambda b: b.reshape(-1, dh), lambda b: b.reshape(heads * dh),
+                  lambda i: ((_head_rows(i[0], dh),), (every, i[1])))
 
-  out = [_Entry("embed", "model.embed_tokens.weight", _identity, _identity),
-         _Entry("final_norm.scale", "model.norm.weight", _identity, _identity)]
-  if not c.tie_embeddings:
-    out.append(_Entry("lm_head", "lm_head.weight", _transpose, _transpose))
-  for i in range(c.num_layers):
+  out = [proj("q", h), proj("k", kv), proj("v", kv),
+         _Entry(f"{ours}.attn.wo", f"{hf}.self_attn.o_proj.weight",  # HF [D, H*dh], ours [H, dh, D]
+                lambda w: w.T.reshape(-1, dh, w.shape[0]), lambda w: w.reshape(h * dh, d).T,
+                lambda i: ((i[2], _head_rows(i[0], dh)), (every, i[1], every)))]
+  if c.qkv_bias:
+    out += [bias("q", h), bias("k", kv), bias("v", kv)]
+  return out
+
+
+def _entries(config: transformer.TransformerConfig) -> list[_Entry]:
+  def plain(path, name):
+    return _Entry(path, name, _identity, _identity, _same_block)
+
+  out = [plain("embed", "model.embed_tokens.weight"),
+         plain("final_norm.scale", "model.norm.weight")]
+  if not config.tie_embeddings:
+    out.append(_Entry("lm_head", "lm_head.weight", _transpose, _transpose, _transposed_block))
+  for i in range(config.num_layers):
     ours, hf = f"blocks.{i}", f"model.layers.{i}"
-    out += [
-        _Entry(f"{ours}.attn_norm.scale", f"{hf}.input_layernorm.weight", _identity, _identity),
-        _Entry(f"{ours}.mlp_norm.scale", f"{hf}.post_attention_layernorm.weight", _identity, _identity),
-        _Entry(f"{ours}.attn.wq", f"{hf}.self_attn.q_proj.weight", *proj(h)),
-        _Entry(f"{ours}.attn.wk", f"{hf}.self_attn.k_proj.weight", *proj(kv)),
-        _Entry(f"{ours}.attn.wv", f"{hf}.self_attn.v_proj.weight", *proj(kv)),
-        _Entry(f"{ours}.attn.wo", f"{hf}.self_attn.o_proj.weight",
-               lambda w: w.T.reshape(h, dh, d), lambda w: w.reshape(h * dh, d).T),
-        _Entry(f"{ours}.mlp.w_gate", f"{hf}.mlp.gate_proj.weight", _transpose, _transpose),
-        _Entry(f"{ours}.mlp.w_up", f"{hf}.mlp.up_proj.weight", _transpose, _transpose),
-        _Entry(f"{ours}.mlp.w_down", f"{hf}.mlp.down_proj.weight", _transpose, _transpose),
-    ]
-    if c.qkv_bias:
-      out += [_Entry(f"{ours}.attn.bq", f"{hf}.self_attn.q_proj.bias", *bias(h)),
-              _Entry(f"{ours}.attn.bk", f"{hf}.self_attn.k_proj.bias", *bias(kv)),
-              _Entry(f"{ours}.attn.bv", f"{hf}.self_attn.v_proj.bias", *bias(kv))]
+    out += [plain(f"{ours}.attn_norm.scale", f"{hf}.input_layernorm.weight"),
+            plain(f"{ours}.mlp_norm.scale", f"{hf}.post_attention_layernorm.weight")]
+    out += _attention_entries(config, ours, hf) + _mlp_entries(ours, hf)
   return out
 
 
@@ -336,6 +414,40 @@ def abstract_params(config: transformer.TransformerConfig) -> tuple[nnx.GraphDef
 # load / export
 
 
+def _check_names(directory: str, config: transformer.TransformerConfig,
+                 tensors: MappedTensors, entries: dict[str, _Entry]) -> None:
+  known = {e.hf_name for e in entries.values()}
+  unexpected = sorted(n for n in tensors if n not in known and not n.endswith("rotary_emb.inv_freq")
+                      and not (config.tie_embeddings and n == "lm_head.weight"))
+  if unexpected:
+    raise CheckpointError(f"{directory}: tensors {unexpected[:5]} (of {len(unexpected)}) do not "
+                          f"belong to a {config.num_layers}-layer model as config.json describes")
+  missing = [e.hf_name for e in entries.values() if e.hf_name not in tensors]
+  if missing:
+    raise CheckpointError(f"{directory}: tensors {missing[:5]} (of {len(missing)} missing) are "
+                          "absent, but config.json describes a model that needs them")
+
+
+def _check_layout(directory: str, tensors: MappedTensors, entry: _Entry, shape) -> None:
+  """Every stored shape and dtype is checked before any tensor data is read."""
+  name = entry.hf_name
+  want = jax.eval_shape(entry.to_hf, jax.ShapeDtypeStruct(tuple(shape), np.float32)).shape
+  if tensors.shape(name) != tuple(want):
+    raise CheckpointError(f"{directory}: tensor {name!r} has shape {tensors.shape(name)}, but "
+                          f"config.json implies {tuple(want)}")
+  if tensors.dtype(name) not in _FLOAT_DTYPES:
+    raise CheckpointError(f"{tensors.path(name)}: tensor {name!r} has dtype {tensors.dtype(name)}, "
+                          f"but model weights are floating point ({', '.join(_FLOAT_DTYPES)})")
+
+
+def _read_block(tensors: MappedTensors, entry: _Entry, shape, dtype, index: Index) -> np.ndarray:
+  # jax leaves undivided dimensions as slice(None); the head arithmetic needs their bounds.
+  index = tuple(slice(*s.indices(n)) for s, n in zip(index, shape))
+  hf_index, within = entry.hf_index(index)
+  block = entry.to_ours(tensors.read(entry.hf_name, hf_index))
+  return np.asarray(block[within], dtype=dtype)
+
+
 def load(directory: str, *, shardings: Any = None, dtype=np.float32,
          expect: transformer.TransformerConfig | None = None
          ) -> tuple[transformer.TransformerConfig, nnx.GraphDef, nnx.State]:
@@ -351,8 +463,9 @@ def load(directory: str, *, shardings: Any = None, dtype=np.float32,
   Returns:
     (config, graphdef, params).
   Raises:
-    CheckpointError: naming the missing directory/file, the unsupported architecture, or the
-      tensor whose name or shape disagrees with config.json.
+    CheckpointError: naming the missing directory/file, the unsupported architecture, the
+      truncated or corrupt file, or the tensor whose name, shape or dtype disagrees with
+      config.json; all before any tensor data is read.
   """
   config, _ = load_config(directory)
   if expect is not None:
@@ -363,31 +476,17 @@ def load(directory: str, *, shardings: Any = None, dtype=np.float32,
   tensors = checkpoint_tensors(directory)
   graphdef, abstract = abstract_params(config)
   entries = {e.path: e for e in _entries(config)}
-  known = {e.hf_name for e in entries.values()}
-  unexpected = sorted(n for n in tensors if n not in known and not n.endswith("rotary_emb.inv_freq")
-                      and not (config.tie_embeddings and n == "lm_head.weight"))
-  if unexpected:
-    raise CheckpointError(f"{directory}: tensors {unexpected[:5]} (of {len(unexpected)}) do not "
-                          f"belong to a {config.num_layers}-layer model as config.json describes")
-  missing = [e.hf_name for e in entries.values() if e.hf_name not in tensors]
-  if missing:
-    raise CheckpointError(f"{directory}: tensors {missing[:5]} (of {len(missing)} missing) are "
-                          "absent, but config.json describes a model that needs them")
+  _check_names(directory, config, tensors, entries)
+  for path, var in jax.tree_util.tree_leaves_with_path(abstract, is_leaf=_is_param):
+    _check_layout(directory, tensors, entries[path_name(path)], var.shape)
   target = shardings(abstract) if shardings is not None else None
 
   def build(path, var, sharding=None):
-    name = path_name(path)
-    entry = entries[name]
-    stored = tensors[entry.hf_name]
-    view = entry.to_ours(stored) if stored.ndim else stored
-    if view.shape != var.shape:
-      raise CheckpointError(
-          f"{directory}: tensor {entry.hf_name!r} has shape {tuple(stored.shape)}, but config.json "
-          f"implies {tuple(entry.to_hf(np.empty(var.shape, np.uint8)).shape)}")
+    entry = entries[path_name(path)]
     if sharding is None:
       sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    return var.replace(value=jax.make_array_from_callback(
-        var.shape, sharding, lambda index: np.asarray(view[index], dtype=dtype)))
+    read = functools.partial(_read_block, tensors, entry, var.shape, dtype)
+    return var.replace(value=jax.make_array_from_callback(var.shape, sharding, read))
 
   if target is None:
     params = jax.tree_util.tree_map_with_path(build, abstract, is_leaf=_is_param)
@@ -412,29 +511,39 @@ def export(directory: str, config: transformer.TransformerConfig, params: nnx.St
   """
   if dtype not in _TORCH_DTYPES:
     raise ValueError(f"export: dtype must be one of {sorted(_TORCH_DTYPES)}, got {dtype!r}")
-  np_dtype = _DTYPES[_TORCH_DTYPES[dtype]]
   os.makedirs(directory, exist_ok=True)
+  _write_shards(directory, _hf_tensors(config, params, _DTYPES[_TORCH_DTYPES[dtype]]),
+                max_shard_bytes)
+  with open(os.path.join(directory, CONFIG_FILE), "w") as f:
+    json.dump(hf_config(config, model_type, dtype), f, indent=2)
+
+
+def _hf_tensors(config: transformer.TransformerConfig, params: nnx.State,
+                dtype: np.dtype) -> dict[str, np.ndarray]:
   flat = {path_name(p): v for p, v in jax.tree_util.tree_leaves_with_path(params, is_leaf=_is_param)}
   tensors = {}
   for entry in _entries(config):
     if entry.path not in flat:
       raise ValueError(f"export: params have no {entry.path!r} (do they match the config?)")
     host = np.asarray(jax.device_get(flat[entry.path][...]))
-    tensors[entry.hf_name] = np.ascontiguousarray(entry.to_hf(host)).astype(np_dtype)
+    tensors[entry.hf_name] = np.array(entry.to_hf(host), dtype=dtype, order="C")
+  return tensors
+
+
+def _write_shards(directory: str, tensors: dict[str, np.ndarray],
+                  max_shard_bytes: int | None) -> None:
   shards = _split_shards(tensors, max_shard_bytes)
   if len(shards) == 1:
     write_safetensors(os.path.join(directory, SINGLE_FILE), shards[0])
-  else:
-    weight_map = {}
-    for i, shard in enumerate(shards):
-      name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-      write_safetensors(os.path.join(directory, name), shard)
-      weight_map.update({k: name for k in shard})
-    total = sum(t.nbytes for t in tensors.values())
-    with open(os.path.join(directory, INDEX_FILE), "w") as f:
-      json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-  with open(os.path.join(directory, CONFIG_FILE), "w") as f:
-    json.dump(hf_config(config, model_type, dtype), f, indent=2)
+    return
+  weight_map = {}
+  for i, shard in enumerate(shards):
+    name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    write_safetensors(os.path.join(directory, name), shard)
+    weight_map.update({k: name for k in shard})
+  total = sum(t.nbytes for t in tensors.values())
+  with open(os.path.join(directory, INDEX_FILE), "w") as f:
+    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
 
 
 def _split_shards(tensors: dict[str, np.ndarray], max_bytes: int | None) -> list[dict]:
