@@ -198,7 +198,7 @@ class IterativeRewardCalibration:
       stop_when_stable: stop recalibrating once a calibration leaves the weights unchanged.
       output_key: the `traj.extras` key the calibrated turn reward is written to.
     """
-    self.features = tuple(features)
+    self.features = (features,) if isinstance(features, str) else tuple(features)
     if not self.features or len(set(self.features)) != len(self.features):
       raise ValueError(f"IterativeRewardCalibration.features must be distinct names, got "
                        f"{features!r}")
