@@ -1,7 +1,9 @@
 """Credit-assignment methods trained side by side with `learner.train` (notebooks/credit_comparison).
 
 A method is an advantage estimator from `advantages.estimators.ESTIMATORS`, optionally with a critic
-(PPO-GAE) or a reward shaper (GRPO + the curiosity duplicate-observation penalty, §B.1). Each run
+(PPO-GAE), a reward shaper (GRPO + the curiosity duplicate-observation penalty, §B.1), or the loss
+settings its paper pairs it with (Dr.GRPO's length-independent aggregation, GAGPO's turn-level
+ratio). Each run
 is a plain `learner.train` call with Python configs (no gin); its per-iteration training success
 and invalid-action rate come from `<workdir>/metrics.jsonl`, and its repeated-action rate from
 `ActionRateProbe`, a reward shaper that records `viewer.report.action_rates` of every training
@@ -13,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import jax
@@ -42,12 +45,15 @@ class Method:
     estimator: a key of `advantages.estimators.ESTIMATORS`.
     use_critic: train a value critic (needed by "gae").
     curiosity: add the duplicate-observation penalty (§B.1) before the estimator.
+    loss_overrides: `step.LossConfig` fields that differ from the comparison's shared loss
+      (`SHARED_LOSS`), e.g. `{"ratio_level": "turn"}`.
   """
 
   name: str
   estimator: str
   use_critic: bool = False
   curiosity: bool = False
+  loss_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     if not self.name:
@@ -55,14 +61,35 @@ class Method:
     spec = estimators.get_estimator(self.estimator)  # Raises on an unknown name.
     if spec.needs_critic and not self.use_critic:
       raise ValueError(f"Method {self.name!r}: estimator {self.estimator!r} needs use_critic=True")
+    known = {field.name for field in dataclasses.fields(step.LossConfig)}
+    unknown = sorted(set(self.loss_overrides) - known)
+    if unknown:
+      raise ValueError(f"Method {self.name!r}: loss_overrides {unknown} are not LossConfig fields")
+    # Frozen like the rest of the method, and checked now rather than at the run's start.
+    object.__setattr__(self, "loss_overrides", MappingProxyType(dict(self.loss_overrides)))
+    loss_config(self)
+
+
+# The loss every method trains with unless it overrides a field.
+SHARED_LOSS: Mapping[str, Any] = MappingProxyType({"entropy_coef": 0.01, "agg_mode": "token-mean"})
+# Rollout length of every run; Dr.GRPO's constant normaliser L_max is this same budget.
+MAX_LEN = 384
+
+
+def loss_config(method: Method) -> step.LossConfig:
+  """The method's loss: `SHARED_LOSS` with its `loss_overrides`."""
+  return step.LossConfig(**{**SHARED_LOSS, **method.loss_overrides})
 
 
 METHODS: tuple[Method, ...] = (
     Method(name="grpo", estimator="grpo"),
-    Method(name="dr_grpo", estimator="dr_grpo"),
+    # Dr.GRPO is both halves: the std-free advantage and a length-independent aggregation.
+    Method(name="dr_grpo", estimator="dr_grpo",
+           loss_overrides={"agg_mode": "seq-mean-token-sum-norm", "max_len_norm": MAX_LEN}),
     Method(name="rloo", estimator="rloo"),
     Method(name="gigpo", estimator="gigpo"),
-    Method(name="gagpo", estimator="gagpo"),
+    # GAGPO clips one action-level ratio per turn (the mean log-ratio of its tokens).
+    Method(name="gagpo", estimator="gagpo", loss_overrides={"ratio_level": "turn"}),
     Method(name="mt_grpo", estimator="mt_grpo"),
     Method(name="ppo_gae", estimator="gae", use_critic=True),
     Method(name="grpo_curiosity", estimator="grpo", curiosity=True),
@@ -176,9 +203,9 @@ def train_kwargs(method: Method, env: str, seed: int, spec: ComparisonSpec) -> d
           mlp_dim=4 * spec.d_model, position="turn_slot", alibi=True, max_turns=16,
           max_slots=64),
       rollout=loop.RolloutConfig(
-          max_turns=max_turns, max_len=384, obs_buckets=(48, 64),
+          max_turns=max_turns, max_len=MAX_LEN, obs_buckets=(48, 64),
           length_buckets=(128, 192, 288), sampling=sampler.SamplingConfig(temperature=1.0)),
-      loss=step.LossConfig(entropy_coef=0.01, agg_mode="token-mean"),
+      loss=loss_config(method),
       optim=optim,
       critic_optim=optim,
       warm_start=configs.WarmStartConfig(iterations=0),

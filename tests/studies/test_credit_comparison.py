@@ -1,13 +1,23 @@
 """Tests for agentrl_jax.studies.credit_comparison (the plumbing; training itself runs in the
 notebook, whose SMALL execution tests/notebooks runs)."""
 
+import pathlib
+
+import gin
 import jax
 import numpy as np
 import pytest
 
+from agentrl_jax import config_errors
 from agentrl_jax import types
+from agentrl_jax.advantages import estimators
+from agentrl_jax.learner import configs
+from agentrl_jax.learner import step
+from agentrl_jax.rollout import loop
 from agentrl_jax.studies import credit_comparison as cc
 from agentrl_jax.viewer import report
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "configs"
 
 
 def _batch():
@@ -91,3 +101,52 @@ def test_summarize_and_table():
   assert "| dd_chain | rloo | 1 | 0.000 | 0.100 | 0.500 | 0.000 |" in table
   with pytest.raises(ValueError, match="different lengths"):
     cc.summarize(runs + [_result("rloo", 1, [0.1], 0.0)])
+
+
+def _loss(name):
+  spec = cc.ComparisonSpec(num_iterations=3, tasks_per_iteration=2, group_size=4, d_model=32)
+  kwargs = cc.train_kwargs(next(m for m in cc.METHODS if m.name == name), "frozenlake", 0, spec)
+  return kwargs["loss"], kwargs["rollout"]
+
+
+def test_methods_carry_their_loss_settings():
+  # Dr.GRPO: the per-trajectory token sum over a constant, the rollout's length budget.
+  loss, rollout = _loss("dr_grpo")
+  assert (loss.agg_mode, loss.max_len_norm, loss.ratio_level) == (
+      "seq-mean-token-sum-norm", rollout.max_len, "token")
+  # GAGPO: one action-level ratio per turn.
+  loss, _ = _loss("gagpo")
+  assert (loss.agg_mode, loss.ratio_level) == ("token-mean", "turn")
+  # Every method keeps the shared settings it does not override.
+  for method in cc.METHODS:
+    loss, _ = _loss(method.name)
+    assert loss.entropy_coef == 0.01
+    if not method.loss_overrides:
+      assert (loss.agg_mode, loss.ratio_level, loss.max_len_norm) == ("token-mean", "token", None)
+  with pytest.raises(ValueError, match=r"loss_overrides \['agg'\] are not LossConfig fields"):
+    cc.Method(name="x", estimator="grpo", loss_overrides={"agg": "token-mean"})
+  with pytest.raises(ValueError, match="max_len_norm"):
+    cc.Method(name="x", estimator="dr_grpo", loss_overrides={"agg_mode": "seq-mean-token-sum-norm"})
+  with pytest.raises(TypeError):
+    next(m for m in cc.METHODS if m.name == "gagpo").loss_overrides["ratio_level"] = "token"
+
+
+@pytest.mark.parametrize("name", ["dr_grpo", "gagpo"])
+def test_gin_file_runs_the_studys_method(name):
+  # experiments/configs/<name>_frozenlake.gin binds the estimator and the loss settings the
+  # study's method trains with (L_max is each setup's own rollout budget).
+  gin.clear_config()
+  try:
+    config_errors.parse_config([str(CONFIGS / f"{name}_frozenlake.gin")], [])
+    train = gin.get_configurable(configs.TrainConfig)()
+    loss = gin.get_configurable(step.LossConfig)()
+    max_len = gin.get_configurable(loop.RolloutConfig)().max_len
+  finally:
+    gin.clear_config()
+  method = next(m for m in cc.METHODS if m.name == name)
+  assert estimators.resolve(train.estimator).name == method.estimator
+  want, rollout = _loss(name)
+  for field in ("agg_mode", "ratio_level", "entropy_coef"):
+    assert getattr(loss, field) == getattr(want, field), field
+  if want.max_len_norm is not None:
+    assert (want.max_len_norm, loss.max_len_norm) == (rollout.max_len, max_len)
