@@ -39,7 +39,7 @@ WRONG_TYPES = [
 ]
 
 # Values for the fields some config classes require, so each can be built from its defaults.
-REQUIRED = {"vocab_size": 32, "open_token_id": 1, "close_token_id": 2}
+REQUIRED = {"vocab_size": 32, "open_token_id": 1, "close_token_id": 2, "project": "p"}
 
 
 @pytest.fixture(scope="module")
