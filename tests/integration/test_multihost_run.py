@@ -117,6 +117,9 @@ def test_two_hosts_match_one_host_with_the_same_global_batch(tmp_path):
   assert (tmp_path / "two" / "checkpoints" / "2").is_dir()
 
 
+# Slow: two processes and a relaunch; one-host SIGTERM is in the default suite
+# (tests/learner/test_driver_methods.py), the two-host batch equivalence above too.
+@pytest.mark.slow
 @pytest.mark.integration
 def test_sigterm_to_one_host_stops_both_with_a_checkpoint_that_resumes(tmp_path):
   gin_file = _gin_file(tmp_path, num_iterations=400)

@@ -88,6 +88,7 @@ def test_every_group_returns_its_budget_and_branches_share_prefixes(word_runner,
     assert traj.obs_hash[b, k] == base.observation_hash(result.observation)
 
 
+@pytest.mark.slow  # TITO with multi-token actions: also test_tsr and test_t2po
 def test_multi_token_branches_keep_tito(free_runner, model, check_tito):
   seeds, groups = _groups(2, 3)
   traj, _ = arpo.EntropyBranching(initial_rollouts=1, beam_size=3).collect(
@@ -97,6 +98,7 @@ def test_multi_token_branches_keep_tito(free_runner, model, check_tito):
   check_tito(free_runner, traj)
 
 
+@pytest.mark.slow  # a compile of its own; the budget test covers the shared path
 def test_all_initial_is_plain_sampling(word_runner, model):
   # N >= M: nothing to branch; the rows draw what the plain loop draws.
   seeds, groups = _groups(2, 2)
@@ -108,6 +110,7 @@ def test_all_initial_is_plain_sampling(word_runner, model):
   assert (traj.extras["arpo_source"] == -1).all()
 
 
+@pytest.mark.slow  # a compile of its own; the budget test covers the shared path
 def test_slots_left_when_a_group_ends_are_played_from_the_prompt(word_runner, model):
   seeds, groups = _groups(2, 3)
   traj, _ = arpo.EntropyBranching(initial_rollouts=1).collect(

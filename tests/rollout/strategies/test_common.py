@@ -56,6 +56,7 @@ def test_forked_row_is_independent_of_its_source(word_runner):
   assert batch.envs[0].position == (0, 0) and batch.envs[2].turn == 1 and batch.envs[0].turn == 0
 
 
+@pytest.mark.slow  # two runners and a full pass: the strategies' tests use these stats
 def test_token_stats_agree_with_the_sampler_and_a_full_pass(word_runner, free_runner, model):
   for runner in (word_runner, free_runner):
     tool = common.tools(runner)

@@ -67,6 +67,7 @@ def test_retries_are_capped_and_never_at_turn_zero(word_runner, model, check_tit
   np.testing.assert_array_equal(none.tokens, plain.tokens)
 
 
+@pytest.mark.slow  # the free-text runner's compile; the word-runner tests cover the rule
 def test_kept_turns_satisfy_the_rule_unless_out_of_tries(free_runner, model, check_tito,
                                                           check_layout):
   seeds = [0, 1, 2, 3]

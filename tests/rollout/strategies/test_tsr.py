@@ -99,6 +99,7 @@ def test_multi_token_candidates_keep_tito(free_runner, model, check_tito, check_
   assert stats.sampled_tokens > traj.action_mask.sum()  # the rejected candidates were drawn too
 
 
+@pytest.mark.slow  # greedy follow-ups compile a rollout of their own
 def test_lookahead_adds_the_best_greedy_follow_up(word_runner, tok, model):
   seeds = [0, 1, 2]
   traj, _ = tsr.BestOfN(num_candidates=2, scorer=_depth, lookahead=1).collect(
