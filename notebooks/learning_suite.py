@@ -19,8 +19,10 @@
 # `agentrl_jax.studies.learning_suite.FULL`), 3 seeds, each within 20 minutes on 2 cores; the
 # runs resume per (env, seed), so the suite can be finished in parts (`STUDY_RUNS_DIR` keeps
 # them; a rerun reads finished runs back and resumes stopped ones from their checkpoints).
-# `STUDY_ENVS=frozenlake,sokoban` runs only those envs; the table and figure cover every env
-# with finished runs in the directory. `SMALL=1`: one seed of a few FrozenLake iterations,
+# `STUDY_ENVS=frozenlake,sokoban` runs only those envs; `STUDY_SET=methods` runs every method
+# config at its own size beside plain GRPO at the same budgets instead (keep its runs in a
+# directory of their own); the table and figure cover every row with finished runs in the
+# directory. `SMALL=1`: one seed of a few FrozenLake iterations,
 # about 70 seconds, checking the pipeline rather than the learning (one seed has no interval).
 #
 # **How to run.** From the repository root:
@@ -58,7 +60,8 @@ SMALL = os.environ.get("SMALL", "0") == "1"
 HERE = pathlib.Path(__file__).resolve().parent if "__file__" in globals() else pathlib.Path.cwd()
 OUTPUT_DIR = pathlib.Path(os.environ.get("STUDY_OUTPUT_DIR", HERE))
 RUNS_DIR = pathlib.Path(os.environ.get("STUDY_RUNS_DIR") or tempfile.mkdtemp(prefix="suite_"))
-SPECS = ls.SMALL if SMALL else ls.FULL
+# STUDY_SET=methods: every method config beside plain GRPO at the same budgets (ls.METHODS).
+SPECS = ls.SMALL if SMALL else (ls.METHODS if os.environ.get("STUDY_SET") == "methods" else ls.FULL)
 SEEDS = (0,) if SMALL else (0, 1, 2)
 CHOSEN = os.environ.get("STUDY_ENVS")
 if CHOSEN:

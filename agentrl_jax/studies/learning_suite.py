@@ -37,10 +37,11 @@ NO_HOOKS = ("learner.train.hooks = []",)
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EnvRun:
-  """One env's config in the suite.
+  """One config in the suite.
 
   Attributes:
-    env: the registered env name (the panel and table row).
+    env: the row's name (a panel, a table row and a directory): the registered env for the env
+      rows, the gin file's stem for the method rows.
     gin_file: the config under `experiments/configs/`.
     bindings: gin bindings applied after the file (the suite's size of it).
   """
@@ -60,6 +61,21 @@ FULL: tuple[EnvRun, ...] = (
     EnvRun(env="frozenlake", gin_file="quickstart.gin"),
     EnvRun(env="dd_chain", gin_file="dd_chain_grpo.gin"),
     EnvRun(env="sokoban", gin_file="sokoban_grpo.gin"),
+)
+
+# Every method config at its own size, beside plain GRPO (the quickstart setup) at each budget the
+# method configs use on FrozenLake; the other envs' method configs compare with their env row.
+METHOD_CONFIGS = (
+    "curiosity_frozenlake", "c3_frozenlake", "deltattg_frozenlake", "pearl_frozenlake",
+    "serl_frozenlake", "ahead_frozenlake", "drift_frozenlake", "iterative_grpo_frozenlake",
+    "slea_frozenlake", "tsr_frozenlake", "t2po_frozenlake", "arpo_frozenlake", "rtpo_frozenlake",
+    "dr_grpo_frozenlake", "gagpo_frozenlake", "gca_search_qa", "t1_terminal", "progress_sql",
+    "socialrl_dialogue")
+GRPO_BUDGETS = (30, 50, 200, 300)  # 100 iterations is the frozenlake env row itself
+METHODS: tuple[EnvRun, ...] = (
+    *(EnvRun(env=name, gin_file=f"{name}.gin") for name in METHOD_CONFIGS),
+    *(EnvRun(env=f"grpo_frozenlake_{n}", gin_file="quickstart.gin",
+             bindings=(f"configs.TrainConfig.num_iterations = {n}",)) for n in GRPO_BUDGETS),
 )
 
 # CI size: a few iterations of FrozenLake, checking the pipeline, not the learning.

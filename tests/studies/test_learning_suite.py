@@ -87,6 +87,11 @@ def test_a_failed_launch_names_its_log(tmp_path):
   assert "no_such_file.gin" in (ls.workdir_of(tmp_path, "frozenlake", 0) / "suite_log.txt").read_text()
 
 
-def test_every_full_size_config_exists():
-  for spec in ls.FULL:
+def test_every_full_size_config_exists_and_every_method_config_is_in_the_suite():
+  for spec in (*ls.FULL, *ls.METHODS):
     assert (ls.CONFIGS / spec.gin_file).is_file(), spec
+  env_configs = {s.gin_file for s in ls.FULL} | {"quickstart.gin", "smollm2_frozenlake.gin",
+                                                   "hf_tiny_qwen2_grpo.gin"}
+  env_configs |= {p.name for p in ls.CONFIGS.glob("*_grpo.gin")}
+  methods = {p.name for p in ls.CONFIGS.glob("*.gin")} - env_configs
+  assert methods <= {s.gin_file for s in ls.METHODS}, methods - {s.gin_file for s in ls.METHODS}
