@@ -13,6 +13,7 @@ batch and changes nothing.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
@@ -74,6 +75,11 @@ class Method:
 SHARED_LOSS: Mapping[str, Any] = MappingProxyType({"entropy_coef": 0.01, "agg_mode": "token-mean"})
 # Rollout length of every run; Dr.GRPO's constant normaliser L_max is this same budget.
 MAX_LEN = 384
+RESULT_FILE = "comparison_result.json"  # written when a run finishes; read back on a rerun
+# The benchmark's settings: low decision densities on a 32-turn chain, and longer FrozenLake
+# episodes; every applicable method on each, with the same episodes per iteration and iterations.
+BENCHMARK_SETTINGS = ("dd_chain_t32_m1", "dd_chain_t32_m2", "dd_chain_t32_m4", "dd_chain_t32_m8",
+                      "frozenlake_6x6")
 
 
 def loss_config(method: Method) -> step.LossConfig:
@@ -95,14 +101,49 @@ METHODS: tuple[Method, ...] = (
     Method(name="grpo_curiosity", estimator="grpo", curiosity=True),
 )
 
-# Small multi-turn tasks: `env_kwargs` for `envs.registry.make` and the turn budget.
-ENVS: Mapping[str, Mapping[str, Any]] = {
+class Setting(NamedTuple):
+  """A task the methods are compared on: the env, its arguments and the episode's token budget."""
+
+  env: str
+  env_kwargs: Mapping[str, Any]
+  max_turns: int
+  max_len: int = MAX_LEN
+  obs_buckets: tuple[int, ...] = (48, 64)
+  length_buckets: tuple[int, ...] = (128, 192, 288)
+  loops: bool = True  # repeated states can occur (where the curiosity penalty applies)
+
+
+def _dd_chain(horizon: int, num_decisions: int) -> Setting:
+  # "turn k of T" plus one action token a turn: about 9 tokens a turn with the instructions.
+  length = 32 + 10 * horizon
+  return Setting(env="dd_chain", env_kwargs={"horizon": horizon, "num_decisions": num_decisions,
+                                             "noise_std": 0.0},
+                 max_turns=horizon, max_len=length, obs_buckets=(32,),
+                 length_buckets=(length // 2, length), loops=False)
+
+
+# Small multi-turn tasks, by name.
+SETTINGS: Mapping[str, Setting] = MappingProxyType({
     # The quickstart's maps: 4x4, holes with probability 0.2, solvable within 10 moves.
-    "frozenlake": {"size": 4, "hole_prob": 0.2, "max_turns": 10},
-    # ρ = 2/8: two decision turns among eight; success needs both right.
-    "dd_chain": {"horizon": 8, "num_decisions": 2, "noise_std": 0.0},
-}
-_MAX_TURNS = {"frozenlake": 10, "dd_chain": 8}
+    "frozenlake": Setting(env="frozenlake", env_kwargs={"size": 4, "hole_prob": 0.2,
+                                                        "max_turns": 10}, max_turns=10),
+    # ρ = 2/8: two decision turns among eight; success needs both right. Every state is visited
+    # once per episode, so the curiosity penalty never fires here.
+    "dd_chain": _dd_chain(8, 2),
+    # The benchmark's low-density chains: T = 32 turns, m decisions (ρ = m/32).
+    **{f"dd_chain_t32_m{m}": _dd_chain(32, m) for m in (1, 2, 4, 8)},
+    # Longer horizons where credit matters more: 6x6 maps, up to 18 moves.
+    "frozenlake_6x6": Setting(env="frozenlake", env_kwargs={"size": 6, "hole_prob": 0.2,
+                                                            "max_turns": 18},
+                              max_turns=18, max_len=1280, obs_buckets=(64, 80),
+                              length_buckets=(512, 896, 1280)),
+})
+ENVS = SETTINGS  # the comparison's original name for them
+
+
+def applies(method: Method, setting: str) -> bool:
+  """Whether `method` is run on `setting`: the curiosity penalty only where states repeat."""
+  return not method.curiosity or SETTINGS[setting].loops
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -188,23 +229,23 @@ class ActionRateProbe:
 
 def train_kwargs(method: Method, env: str, seed: int, spec: ComparisonSpec) -> dict[str, Any]:
   """The `learner.train` keyword arguments (all but workdir and reward shapers) of one run."""
-  if env not in ENVS:
-    raise ValueError(f"unknown env {env!r}; known: {sorted(ENVS)}")
-  max_turns = _MAX_TURNS[env]
+  if env not in SETTINGS:
+    raise ValueError(f"unknown env setting {env!r}; known: {sorted(SETTINGS)}")
+  setting = SETTINGS[env]
   optim = configs.OptimConfig(learning_rate=spec.learning_rate, max_grad_norm=1.0)
   return dict(
       config=configs.TrainConfig(
-          env_name=env, env_kwargs=dict(ENVS[env]), seed=seed,
+          env_name=setting.env, env_kwargs=dict(setting.env_kwargs), seed=seed,
           num_iterations=spec.num_iterations, tasks_per_iteration=spec.tasks_per_iteration,
           group_size=spec.group_size, estimator=method.estimator, use_critic=method.use_critic,
           restrict_to_action_words=True, checkpoint_every=max(spec.num_iterations, 1)),
       model=transformer.TransformerConfig(
           vocab_size=1, num_layers=spec.num_layers, d_model=spec.d_model, num_heads=4,
-          mlp_dim=4 * spec.d_model, position="turn_slot", alibi=True, max_turns=16,
-          max_slots=64),
+          mlp_dim=4 * spec.d_model, position="turn_slot", alibi=True,
+          max_turns=max(16, setting.max_turns), max_slots=64),
       rollout=loop.RolloutConfig(
-          max_turns=max_turns, max_len=MAX_LEN, obs_buckets=(48, 64),
-          length_buckets=(128, 192, 288), sampling=sampler.SamplingConfig(temperature=1.0)),
+          max_turns=setting.max_turns, max_len=setting.max_len, obs_buckets=setting.obs_buckets,
+          length_buckets=setting.length_buckets, sampling=sampler.SamplingConfig(temperature=1.0)),
       loss=loss_config(method),
       optim=optim,
       critic_optim=optim,
@@ -220,15 +261,18 @@ def run_method(workdir: str, *, method: Method, env: str, seed: int,
   Args:
     workdir: fresh directory for metrics and the final checkpoint.
     method: the credit method.
-    env: a key of `ENVS`.
+    env: a key of `SETTINGS`.
     seed: model initialisation and sampling seed.
     spec: the shared sizes.
 
   Returns:
     `RunResult` with per-iteration training success and action rates.
   """
+  saved = os.path.join(workdir, RESULT_FILE)
+  if os.path.exists(saved):  # finished earlier: the study resumes run by run
+    return _read_result(saved)
   if metrics_lib.read_metrics(workdir):
-    raise ValueError(f"workdir {workdir!r} already holds a run; use a fresh one")
+    raise ValueError(f"workdir {workdir!r} holds an unfinished run; remove it to run again")
   probe = ActionRateProbe()
   shapers = [probe] + ([curiosity.duplicate_observation_penalty] if method.curiosity else [])
   summary = learner.train(os.fspath(workdir), reward_shapers=shapers,
@@ -238,12 +282,22 @@ def run_method(workdir: str, *, method: Method, env: str, seed: int,
   if len(records) != spec.num_iterations or len(probe.records) != spec.num_iterations:
     raise RuntimeError(f"expected {spec.num_iterations} iterations, got {len(records)} metric "
                        f"records and {len(probe.records)} probe records in {workdir!r}")
-  return RunResult(
+  result = RunResult(
       method=method.name, env=env, seed=seed,
       success=np.array([r["train/success"] for _, r in records]),
       invalid_action_rate=np.array([r["rollout/invalid_action_rate"] for _, r in records]),
       repeated_action_rate=np.array([p["repeated_action_rate"] for p in probe.records]),
       eval_success=float(summary.success_after))
+  with open(saved, "w", encoding="utf-8") as f:
+    json.dump({k: v.tolist() if isinstance(v, np.ndarray) else v
+               for k, v in result._asdict().items()}, f)
+  return result
+
+
+def _read_result(path: str) -> RunResult:
+  with open(path, encoding="utf-8") as f:
+    fields = json.load(f)
+  return RunResult(**{k: np.asarray(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
 def summarize(results: Sequence[RunResult]) -> list[Summary]:
@@ -296,3 +350,31 @@ def results_table(summaries: Sequence[Summary]) -> str:
                  f"{cell(s.late_train_success)} | {cell(s.late_repeated_action_rate)} | "
                  f"{cell(s.late_invalid_action_rate)} |")
   return "\n".join(lines)
+
+
+class Comparison(NamedTuple):
+  """One method against GRPO on one setting: final held-out success over seeds, and the one-sided
+  Mann–Whitney test of "this method's final success tends to be higher"."""
+
+  method: str
+  env: str
+  num_seeds: int
+  difference: float  # mean success minus GRPO's
+  p_value: float
+
+
+def against_baseline(results: Sequence[RunResult], baseline: str = "grpo") -> list[Comparison]:
+  """Every (method, setting) with runs of `baseline` on the same setting, in first-seen order."""
+  finals: dict[tuple[str, str], list[float]] = {}
+  for r in results:
+    finals.setdefault((r.method, r.env), []).append(r.eval_success)
+  out = []
+  for (method, env), values in finals.items():
+    base = finals.get((baseline, env))
+    if method == baseline or not base:
+      continue
+    test = fits.mann_whitney_u(np.asarray(values), np.asarray(base), alternative="greater")
+    out.append(Comparison(method=method, env=env, num_seeds=len(values),
+                          difference=float(np.mean(values) - np.mean(base)),
+                          p_value=float(test.p_value)))
+  return out

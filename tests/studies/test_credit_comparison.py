@@ -1,6 +1,7 @@
 """Tests for agentrl_jax.studies.credit_comparison (the plumbing; training itself runs in the
 notebook, whose SMALL execution tests/notebooks runs)."""
 
+import json
 import pathlib
 
 import gin
@@ -150,3 +151,60 @@ def test_gin_file_runs_the_studys_method(name):
     assert getattr(loss, field) == getattr(want, field), field
   if want.max_len_norm is not None:
     assert (want.max_len_norm, loss.max_len_norm) == (rollout.max_len, max_len)
+
+
+def _final(method, env, seed, success):
+  return cc.RunResult(method=method, env=env, seed=seed, success=np.zeros(2),
+                      invalid_action_rate=np.zeros(2), repeated_action_rate=np.zeros(2),
+                      eval_success=success)
+
+
+def test_against_baseline_is_a_one_sided_mann_whitney_per_setting():
+  results = [_final("grpo", "dd_chain", s, v) for s, v in enumerate([0.1, 0.2, 0.3, 0.2, 0.1])]
+  results += [_final("gigpo", "dd_chain", s, v) for s, v in enumerate([0.6, 0.7, 0.5, 0.9, 0.8])]
+  results += [_final("rloo", "frozenlake", 0, 0.5)]  # no GRPO runs there: not compared
+  (got,) = cc.against_baseline(results)
+  want = cc.fits.mann_whitney_u(np.array([0.6, 0.7, 0.5, 0.9, 0.8]),
+                                np.array([0.1, 0.2, 0.3, 0.2, 0.1]), alternative="greater")
+  assert (got.method, got.env, got.num_seeds) == ("gigpo", "dd_chain", 5)
+  assert got.p_value == pytest.approx(want.p_value) and got.p_value < 0.01
+  assert got.difference == pytest.approx(0.7 - 0.18)
+
+
+def test_curiosity_runs_only_where_states_repeat():
+  curiosity = next(m for m in cc.METHODS if m.curiosity)
+  assert cc.applies(curiosity, "frozenlake") and cc.applies(curiosity, "frozenlake_6x6")
+  assert not any(cc.applies(curiosity, s) for s in cc.SETTINGS if s.startswith("dd_chain"))
+  assert all(cc.applies(m, "dd_chain") for m in cc.METHODS if not m.curiosity)
+
+
+@pytest.mark.parametrize("name", sorted(cc.SETTINGS))
+def test_every_setting_fits_a_whole_episode(name):
+  """The longest episode (every turn played) fits the setting's token budget and the model."""
+  from agentrl_jax.envs import registry
+  from agentrl_jax.models import tokenizer as tokenizer_lib
+  setting = cc.SETTINGS[name]
+  kwargs = cc.train_kwargs(cc.METHODS[0], name, 0, cc.ComparisonSpec())
+  assert kwargs["rollout"].max_turns == setting.max_turns <= kwargs["model"].max_turns
+  tok = tokenizer_lib.load_tokenizer(None)
+  env = registry.make(setting.env, **setting.env_kwargs)
+  text, used = env.reset(0), 0
+  for turn in range(setting.max_turns):
+    obs = tok.encode(text)
+    assert len(obs) + 2 <= max(setting.obs_buckets), (turn, len(obs))
+    used += len(obs) + 3  # framing around the observation, one action token
+    result = env.step(env.action_words[turn % len(env.action_words) if name.startswith("dd") else 1])
+    text = result.observation
+    if result.done:
+      break
+  assert used <= setting.max_len, used
+
+
+def test_a_finished_run_is_read_back_instead_of_trained_again(tmp_path):
+  saved = _final("rloo", "dd_chain", 3, 0.625)
+  (tmp_path / cc.RESULT_FILE).write_text(json.dumps(
+      {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in saved._asdict().items()}))
+  got = cc.run_method(str(tmp_path), method=cc.METHODS[2], env="dd_chain", seed=3,
+                      spec=cc.ComparisonSpec())
+  assert got.eval_success == 0.625 and got.method == "rloo"
+  np.testing.assert_array_equal(got.success, saved.success)
