@@ -119,8 +119,10 @@ def _worker_main(conn) -> None:
     try:
       if op == "make":
         env = envs[env_id] = build_env(*arg)
+        # The rules are fixed when the env is built; a chat model's system message needs them.
         reply = {"action_words": getattr(env, "action_words", None),
-                 "max_turns": getattr(env, "max_turns", None), "name": getattr(env, "name", "")}
+                 "max_turns": getattr(env, "max_turns", None), "name": getattr(env, "name", ""),
+                 "instructions": getattr(env, "instructions", "") or ""}
       elif op == "drop":
         reply = envs.pop(env_id, None) is not None
       elif op == "replay":
@@ -163,6 +165,7 @@ class RemoteEnv:
     self.action_words = info["action_words"]
     self.max_turns = info["max_turns"]
     self.name = info["name"]
+    self.instructions = info["instructions"]
     self.seed: int | None = None
     self.actions: list[str] = []
     self.lost: str | None = None  # why the env's state is gone (it must be reset before use)

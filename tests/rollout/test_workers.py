@@ -120,6 +120,8 @@ def test_process_pool_steps_a_registry_env_like_a_local_one():
     remote = [stepper.make_env("frozenlake") for _ in range(3)]
     local = [registry.make("frozenlake") for _ in range(3)]
     assert remote[0].action_words == local[0].action_words
+    # A chat model's system message: the rules reach the rollout from a worker too.
+    assert remote[0].instructions == local[0].instructions and "FrozenLake" in local[0].instructions
     for seed, (r, l) in enumerate(zip(remote, local)):
       assert r.reset(seed) == l.reset(seed)
     for _ in range(3):
