@@ -70,7 +70,7 @@ print(f"SMALL={SMALL}  N_b={NUM_BATCHES}  resamples={NUM_RESAMPLES}  devices={ja
 # ## Measure
 #
 # Every density draws its own `N_b` groups; on each group all estimators are evaluated (common
-# random numbers), and the SNR is `‖ḡ‖/sqrt(tr Cov)` with the bias-corrected signal of §B.10.5.
+# random numbers), and the SNR is `‖ḡ‖/sqrt(tr Cov)` with the bias-corrected signal (docs/methods.md#snr-scaling).
 
 # %%
 start = time.time()
@@ -197,7 +197,7 @@ print("wrote", results_path)
 # %% [markdown]
 # ## Checks
 #
-# Full size must meet §B.10.6 (slope in [−0.56, −0.44], R² ≥ 0.995); SMALL uses looser bounds
+# Full size must meet the goal (slope in [−0.56, −0.44], R² ≥ 0.995); SMALL uses looser bounds
 # because `N_b = 400` leaves about 3× more noise in every ratio.
 
 # %%

@@ -150,7 +150,7 @@ print("wrote", results_path)
 # %% [markdown]
 # ## Checks
 #
-# Full size must meet §B.10.7: gap ≈ 1 and not significant at ρ = 1, gap ≥ 3 (and significant) at
+# Full size must meet the goal: gap ≈ 1 and not significant at ρ = 1, gap ≥ 3 (and significant) at
 # every ρ ≤ 1/16. SMALL runs 4 seeds, whose smallest attainable one-sided p-value is
 # 1/C(8, 4) ≈ 0.014, so it checks only the direction and a looser size.
 

@@ -74,7 +74,7 @@ def _snr_from_flat(samples: Array, bias_terms: int = 1) -> SNROutput:
 
 
 def gradient_snr(gradients: Any) -> SNROutput:
-  """Amplitude SNR of a gradient estimator from `N_b ≥ 2` independent samples (§B.10.5).
+  """Amplitude SNR of a gradient estimator from `N_b ≥ 2` independent samples.
 
       ḡ = mean_n ĝ⁽ⁿ⁾,   v = Σ_coords var_n(ĝ⁽ⁿ⁾)   (ddof = 1)
       S² = max(‖ḡ‖² − v/N_b, tiny)                    (‖ḡ‖² is biased up by v/N_b)
@@ -106,7 +106,7 @@ def gradient_snr_ratio(key: Array, gradients_a: Any, gradients_b: Any,
     key: PRNG key for the resampling.
     gradients_a: `[N_b, ...]` array or pytree (e.g. the turn-level estimator).
     gradients_b: same layout (e.g. the trajectory-level estimator).
-    num_resamples: bootstrap resamples (200 in §B.10.5).
+    num_resamples: bootstrap resamples (200 in docs/methods.md#snr-scaling).
     confidence: width of the percentile interval.
   """
   a, b = _flatten_samples(gradients_a), _flatten_samples(gradients_b)

@@ -77,7 +77,7 @@ def _turn_output(traj: types.Trajectories, turn_advantages: Array) -> AdvantageO
 def grpo(traj: types.Trajectories, values: Array | None = None, *,
          normalize_by_std: bool = True, eps: float = 1e-6, stats_over: str = "trajectories",
          num_groups: int | None = None) -> AdvantageOutput:
-  """GRPO (§A.3): `traj.outcome` normalised within its `group_id`, on every action token.
+  """GRPO: `traj.outcome` normalised within its `group_id`, on every action token.
 
   `values` is ignored. `num_groups` (static) defaults to B. `stats_over="trajectories"` counts
   each trajectory once in its group's mean and std; `"step_rows"` counts it once per existing turn,
@@ -99,7 +99,7 @@ def grpo(traj: types.Trajectories, values: Array | None = None, *,
 
 def dr_grpo(traj: types.Trajectories, values: Array | None = None, *,
             num_groups: int | None = None) -> AdvantageOutput:
-  """Dr.GRPO (§A.4): GRPO without the std division, `A_b = s_b − mean_g`.
+  """Dr.GRPO (docs/methods.md#dr-grpo): GRPO without the std division, `A_b = s_b − mean_g`.
 
   Pair it with the `seq-mean-token-sum-norm` aggregation in the loss.
   """
@@ -108,7 +108,7 @@ def dr_grpo(traj: types.Trajectories, values: Array | None = None, *,
 
 def rloo(traj: types.Trajectories, values: Array | None = None, *,
          num_groups: int | None = None) -> AdvantageOutput:
-  """RLOO (§A.5): `traj.outcome` minus the leave-one-out mean of its group."""
+  """RLOO (docs/methods.md#rloo): `traj.outcome` minus the leave-one-out mean of its group."""
   del values  # critic-free
   advantages = group.leave_one_out_advantages(
       traj.outcome, traj.group_id, num_groups, weights=traj.valid_trajectory)
@@ -117,7 +117,7 @@ def rloo(traj: types.Trajectories, values: Array | None = None, *,
 
 def gae(traj: types.Trajectories, values: Array | None, *,
         discount: float = 1.0, lambda_: float = 1.0, whiten: bool = True) -> AdvantageOutput:
-  """Token-level GAE over the interleaved sequence (§A.1, StarPO's PPO variant).
+  """Token-level GAE over the interleaved sequence (docs/methods.md#ppo-gae, StarPO's PPO variant).
 
   Turn rewards `traj.reward` are placed on the last action token of each turn
   (`gae.token_rewards`); observation tokens are transparent. Defaults γ = λ = 1 and whitening
@@ -155,7 +155,7 @@ def gigpo(traj: types.Trajectories, values: Array | None = None, *,
           eps: float = 1e-6, episode_stats_over: str = "step_rows",
           num_groups: int | None = None, anchor_key: str | None = None,
           invalid_action_penalty: float = 0.1) -> AdvantageOutput:
-  """GiGPO (§A.6): episode advantage of `traj.outcome` plus anchor-state step advantages.
+  """GiGPO: episode advantage of `traj.outcome` plus anchor-state step advantages.
 
   Step rewards are `traj.reward`; anchors come from `traj.obs_hash` shifted by one turn, with
   `traj.extras["initial_obs_hash"]` (or a shared constant) for the first turn (see `step`), or
@@ -180,7 +180,7 @@ def gigpo(traj: types.Trajectories, values: Array | None = None, *,
 def gagpo(traj: types.Trajectories, values: Array | None = None, *,
           discount: float = 0.95, lambda_: float = 0.95, eps: float = 1e-6,
           singleton: str = "time_baseline", anchor_key: str | None = None) -> AdvantageOutput:
-  """GAGPO (§B.14): turn-level GAE on the grouped value proxy, normalised per group.
+  """GAGPO (docs/methods.md#gagpo): turn-level GAE on the grouped value proxy, normalised per group.
 
   Pair it with the action-level ratio `losses.policy.turn_mean_log_ratio` in the loss.
   """
@@ -205,7 +205,7 @@ def _turn_rewards(traj: types.Trajectories, turn_reward_key: str | None) -> Arra
 def mt_grpo(traj: types.Trajectories, values: Array | None = None, *,
             turn_coef: float = 1.0, eps: float = 1e-4, turn_reward_key: str | None = None,
             num_groups: int | None = None) -> AdvantageOutput:
-  """MT-GRPO (§A.10, K-turn form): `Â^O(traj.outcome) + λ·Â^{T,k}` per turn.
+  """MT-GRPO (docs/methods.md#mt-grpo, K-turn form): `Â^O(traj.outcome) + λ·Â^{T,k}` per turn.
 
   Turn rewards are `traj.reward`, or `traj.extras[turn_reward_key]` (`[B, N]`) when the turn-level
   reward functions are kept apart from the env reward.
@@ -221,7 +221,7 @@ def mt_grpo(traj: types.Trajectories, values: Array | None = None, *,
 def gtpo(traj: types.Trajectories, values: Array | None = None, *,
          discount: float = 0.9, eps: float = 1e-6,
          num_groups: int | None = None) -> AdvantageOutput:
-  """GTPO (§A.11): discounted returns of `traj.reward`, normalised per (group, turn index)."""
+  """GTPO: discounted returns of `traj.reward`, normalised per (group, turn index)."""
   del values  # critic-free
   out = turn.gtpo_advantages(
       jnp.asarray(traj.reward), jnp.asarray(traj.turn_mask), jnp.asarray(traj.group_id),
@@ -233,7 +233,7 @@ def gtpo_hybrid(traj: types.Trajectories, values: Array | None = None, *,
                 discount: float = 0.9, outcome_coef: float = 0.5, alignment_guard: bool = True,
                 eps: float = 1e-6, num_groups: int | None = None,
                 turn_reward_key: str | None = None) -> AdvantageOutput:
-  """GTPO returns plus a dampened GRPO outcome advantage with a sign guard (§B.17).
+  """GTPO returns plus a dampened GRPO outcome advantage with a sign guard.
 
   Turn rewards are `traj.reward`, or `traj.extras[turn_reward_key]` (`[B, N]`), e.g. the
   calibrated reward of `rewards.calibration.IterativeRewardCalibration` ('irc_turn_reward'),
@@ -250,7 +250,7 @@ def gtpo_hybrid(traj: types.Trajectories, values: Array | None = None, *,
 def spo(traj: types.Trajectories, values: Array | None = None, *,
         temperature: float = 0.1, normalize_by_std: bool = True, eps: float = 1e-6,
         embedding_key: str = "prefix_embedding") -> AdvantageOutput:
-  """SPO (§B.16): `traj.outcome` against a similarity-weighted baseline of the group, per turn.
+  """SPO: `traj.outcome` against a similarity-weighted baseline of the group, per turn.
 
   Needs `traj.extras[embedding_key]`, a `[B, N, d]` float prefix representation per turn.
   """
@@ -267,25 +267,25 @@ def spo(traj: types.Trajectories, values: Array | None = None, *,
 
 ESTIMATORS: dict[str, Estimator] = {
     "grpo": Estimator(name="grpo", fn=grpo, needs_critic=False,
-                      description="group-normalised outcome (GRPO, §A.3)"),
+                      description="group-normalised outcome (GRPO, docs/methods.md#grpo)"),
     "dr_grpo": Estimator(name="dr_grpo", fn=dr_grpo, needs_critic=False,
-                         description="group-centred outcome, no std (Dr.GRPO, §A.4)"),
+                         description="group-centred outcome, no std (Dr.GRPO)"),
     "rloo": Estimator(name="rloo", fn=rloo, needs_critic=False,
-                      description="leave-one-out baseline (RLOO, §A.5)"),
+                      description="leave-one-out baseline (RLOO, docs/methods.md#rloo)"),
     "gae": Estimator(name="gae", fn=gae, needs_critic=True,
-                     description="token-level GAE with observation skipping (PPO, §A.1)"),
+                     description="token-level GAE with observation skipping (PPO)"),
     "gigpo": Estimator(name="gigpo", fn=gigpo, needs_critic=False,
-                       description="episode + anchor-state step groups (GiGPO, §A.6)"),
+                       description="episode + anchor-state step groups (GiGPO)"),
     "gagpo": Estimator(name="gagpo", fn=gagpo, needs_critic=False,
-                       description="GAE on a grouped state-value proxy (GAGPO, §B.14)"),
+                       description="GAE on a grouped state-value proxy (GAGPO)"),
     "mt_grpo": Estimator(name="mt_grpo", fn=mt_grpo, needs_critic=False,
-                         description="outcome + per-turn group advantages (MT-GRPO, §A.10)"),
+                         description="outcome + per-turn group advantages (MT-GRPO)"),
     "gtpo": Estimator(name="gtpo", fn=gtpo, needs_critic=False,
-                      description="turn returns normalised per turn index (GTPO, §A.11)"),
+                      description="turn returns normalised per turn index (GTPO)"),
     "gtpo_hybrid": Estimator(name="gtpo_hybrid", fn=gtpo_hybrid, needs_critic=False,
-                             description="GTPO + dampened outcome with sign guard (§B.17)"),
+                             description="GTPO + dampened outcome with sign guard"),
     "spo": Estimator(name="spo", fn=spo, needs_critic=False,
-                     description="similarity-weighted leave-one-out baseline per turn (SPO, §B.16)"),
+                     description="similarity-weighted leave-one-out baseline per turn (SPO)"),
 }
 
 

@@ -391,7 +391,7 @@ def leave_one_out_advantages(
     num_groups: int | None = None,
     weights: Array | None = None,
 ) -> Array:
-  """RLOO advantage: the score minus the mean of the *other* rows of its group (§A.5).
+  """RLOO advantage: the score minus the mean of the *other* rows of its group.
 
       A_b = s_b − (Σ_{j∈g, j≠b} s_j) / (n_g − 1)  =  (s_b − mean_g) · n_g / (n_g − 1)     (n_g > 1)
       A_b = s_b                                                                          (n_g = 1)
@@ -425,7 +425,7 @@ def variance_filter(
     keep_ratio: float = 0.25,
     mode: str = "std",
 ) -> Array:
-  """StarPO-S variance-based trajectory filter (RAGEN `_filter_rollout`, §A.7): a keep-mask `[B]`.
+  """StarPO-S variance-based trajectory filter (RAGEN `_filter_rollout`): a keep-mask `[B]`.
 
   With `N_g` non-empty groups and `σ_g` the unbiased in-group std of the scores, keeps whole groups:
   the `k = max(⌊keep_ratio · N_g⌋, 1)` groups with the largest `σ_g` (`mode="std"`) or the smallest

@@ -1,4 +1,4 @@
-"""Step-level group baselines from shared states: GiGPO (§A.6) and GAGPO (§B.14).
+"""Step-level group baselines from shared states: GiGPO and GAGPO.
 
 Both work on the turn layout `[B, N]` of `Trajectories`; a "step row" of verl-agent is one existing
 turn `(b, k)`. The state a turn acts from (its *anchor*) is the observation *before* the turn's

@@ -1,5 +1,5 @@
-"""Turn-level group baselines: MT-GRPO (§A.10), GTPO (§A.11), the GTPO/outcome hybrid (§B.17)
-and the per-depth advantage of RTPO (§B.9).
+"""Turn-level group baselines: MT-GRPO, GTPO, the GTPO/outcome hybrid
+and the per-depth advantage of RTPO (docs/methods.md#rtpo).
 
 All work on the turn layout `[B, N]`; a turn's statistics are taken over the trajectories of its
 group that reached that turn index (`turn_mask[b, k]`), with segment ids `group_id·N + k` (static
@@ -175,7 +175,7 @@ def gtpo_hybrid_advantages(
     eps: float = 1e-6,
     weights: Array | None = None,
 ) -> GTPOHybridOutput:
-  """Per-turn returns plus a dampened outcome advantage (arXiv 2604.02869, formalised in §B.17).
+  """Per-turn returns plus a dampened outcome advantage (arXiv 2604.02869, formalised in methods.md#gtpo-hybrid).
 
       A_{b,k} = Â^G_{b,k} + η·Â^O_b
       A_{b,k} = η·Â^O_b   if the guard is on, Â^O_b ≠ 0 and sign(Â^G_{b,k}) ≠ sign(Â^O_b)
@@ -230,7 +230,7 @@ def reverse_turn_advantages(
 
   At depth `k` the rollout strategy samples `M` turn-`k` actions from each kept prefix `h_{b,k}` and
   continues them with the current policy; `prefix_group` names the prefix each continuation came
-  from and `returns` its return `G`. Formalised from the RTPO abstract (§B.9); the outer loop that
+  from and `returns` its return `G`. Formalised from the RTPO abstract; the outer loop that
   walks `k` from the last turn down belongs to the rollout strategy (DESIGN.md: `rollout/`).
 
   Args:

@@ -69,7 +69,7 @@ def flagged_turns(traj: types.Trajectories, detectors: Sequence[str]) -> Array:
     raise ValueError(f"c3 detectors {unknown} are unknown; known: {DETECTORS}")
   turn_mask = jnp.asarray(traj.turn_mask, bool)
   flags = jnp.zeros_like(turn_mask)
-  method = "c3 (C³, B.3)"
+  method = "c3 (C³)"
   earlier = trajectory.earlier_turn_matrix(turn_mask)
   same_action = None
   if "repeat_action" in detectors or "redundant_tool_call" in detectors:
@@ -117,7 +117,7 @@ def confidence_correction(advantages: Array, logprob: Array, span_tokens: Array,
 def c3(traj: types.Trajectories, advantages: Array, *, alpha: float = 1.0, kappa: float = 1.0,
        min_factor: float = 0.0, direction: str = "high_conf_stronger",
        detectors: Sequence[str] = ("invalid_action", "repeat_action")) -> Array:
-  """Correction: C³ (B.3) after any estimator; confidence from `traj.sample_logprob`.
+  """Correction: C³ (docs/methods.md#c3) after any estimator; confidence from `traj.sample_logprob`.
 
   Flags come from `traj.extras["behaviour_flag"]` (`[B, L]` bool, token level) when present,
   otherwise from `detectors` over the turns (see `flagged_turns`). Two detectors read extras:

@@ -1,4 +1,4 @@
-"""DeltaTTG — a frozen Token-to-Go progress meter redistributes the outcome advantage (B.4).
+"""DeltaTTG — a frozen Token-to-Go progress meter redistributes the outcome advantage.
 
 A small meter `M_φ`, trained once by regression on recorded trajectories from diverse policies,
 predicts the remaining effort `m_k = M_φ(h_k) ≈ log(1 + TTG_k)` before each turn k, where
@@ -217,13 +217,13 @@ def ttg_progress_credit(traj: types.Trajectories, advantages: Array, *, temperat
   Needs `traj.extras["ttg_meter"]` (`[B, N]` float32, `m_k` before each turn). Use `DeltaTTG`
   to compute the meter in the update instead.
   """
-  meter = trajectory.require(traj.extras, extra_keys.METER_KEY, where="extras", method="ttg_progress_credit (DeltaTTG, B.4)",
+  meter = trajectory.require(traj.extras, extra_keys.METER_KEY, where="extras", method="ttg_progress_credit (DeltaTTG)",
                         meaning="[B, N] meter estimate of the remaining effort before each turn")
   return ttg_redistribution(traj, advantages, meter, temperature=temperature, mix=mix, z_max=z_max)
 
 
 class DeltaTTG:
-  """Correction: DeltaTTG (B.4) with its frozen meter; `__call__(traj, advantages)` is pure.
+  """Correction: DeltaTTG with its frozen meter; `__call__(traj, advantages)` is pure.
 
   The meter's params are the only state; they never change during actor training, so the jitted
   update may close over them. `state_dict()` returns them for the checkpoint.

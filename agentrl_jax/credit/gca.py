@@ -64,7 +64,7 @@ def grounded_correction(advantages: Array, *, evidence_tokens: Array, answer_tok
 
 
 def group_any(flag: Array, group_id: Array) -> Array:
-  """`[B]` bool: some trajectory of the same group has `flag` set (B.2's default retrievable)."""
+  """`[B]` bool: some trajectory of the same group has `flag` set (GCA's default retrievable)."""
   b = flag.shape[0]
   hit = jax.ops.segment_max(flag.astype(jnp.int32), group_id, num_segments=b)
   return hit[group_id] > 0
@@ -73,7 +73,7 @@ def group_any(flag: Array, group_id: Array) -> Array:
 def grounded_credit(traj: types.Trajectories, advantages: Array, *, epsilon: float = 0.1,
                     bypass_scope: str = "answer", retrievable: str = "group",
                     infer_search_turns: bool = False) -> Array:
-  """Correction: Grounded Credit Assignment (B.2) after any estimator.
+  """Correction: Grounded Credit Assignment (docs/methods.md#gca) after any estimator.
 
   Needs:
     `traj.sub_outcomes["answer_correct"]`: `[B]` answer correctness (EM).
@@ -98,7 +98,7 @@ def grounded_credit(traj: types.Trajectories, advantages: Array, *, epsilon: flo
   _check(epsilon, bypass_scope)
   if retrievable not in RETRIEVABLE:
     raise ValueError(f"gca retrievable must be one of {RETRIEVABLE}, got {retrievable!r}")
-  method = "grounded_credit (GCA, B.2)"
+  method = "grounded_credit (GCA)"
   correct = trajectory.require(traj.sub_outcomes, extra_keys.ANSWER_CORRECT_KEY, where="sub_outcomes",
                           method=method, meaning="[B] answer correctness") > 0.5
   turn_mask = jnp.asarray(traj.turn_mask, bool)

@@ -1,4 +1,4 @@
-"""PEARL — process-experience aware RL: strengthen negative credit at recurring failures (B.5).
+"""PEARL — process-experience aware RL: strengthen negative credit at recurring failures.
 
 Two continuations of the same history with different outcomes first diverge at some turn `k*`.
 PEARL featurizes each branch's decision there, keeps recent failure and success decisions in a
@@ -179,7 +179,7 @@ def pearl_shaping(advantages: Array, turn_of_token: Array, action_mask: Array,
 
 
 class PearlMemory:
-  """Correction: PEARL (B.5) with its host-side memory of recent failures and successes.
+  """Correction: PEARL with its host-side memory of recent failures and successes.
 
   `__call__(traj, advantages)` shapes the batch against the memory as it stood *before* the
   batch, then adds the batch's decisions to the memory (one training step per call). Called

@@ -63,7 +63,7 @@ def environment_reweighted_credit(traj: types.Trajectories, advantages: Array, *
                                   weight_clip: float = 0.2,
                                   success_threshold: float = 1.0,
                                   reprompt_successes: bool = False) -> Array:
-  """Correction: SERL (B.13) after any estimator (GRPO in the paper).
+  """Correction: SERL (docs/methods.md#serl) after any estimator (GRPO in the paper).
 
   Needs `traj.extras["teacher_logprob"]` (`[B, L]` float32, the teacher's log-probs of the sampled
   ids under the privileged prompt) and, when `decay_steps > 0`, `traj.extras["update_step"]`
@@ -88,7 +88,7 @@ def environment_reweighted_credit(traj: types.Trajectories, advantages: Array, *
     raise ValueError(f"serl weight_clip must be in [0, 1) so that no sign flips, got {weight_clip!r}")
   if not (isinstance(decay_steps, int) and decay_steps >= 0):
     raise ValueError(f"serl decay_steps must be an int >= 0, got {decay_steps!r}")
-  method = "environment_reweighted_credit (SERL, B.13)"
+  method = "environment_reweighted_credit (SERL)"
   teacher = trajectory.require(traj.extras, extra_keys.TEACHER_LOGPROB_KEY, where="extras", method=method,
                           meaning="[B, L] teacher log-probs of the sampled ids")
   student = jnp.asarray(traj.extras.get(extra_keys.STUDENT_LOGPROB_KEY, traj.sample_logprob))

@@ -26,7 +26,7 @@ fetches at most `max_rows` rows. Python's sqlite3 executes one statement per cal
 stacked `SELECT 1; DROP TABLE t` is an error, not two statements.
 
 `info` per step: `action_valid` (the statement executed without error; a submission counts as
-valid when it is non-empty), `submitted`, and the per-turn signals of Progress-SQL (B.11), named
+valid when it is non-empty), `submitted`, and the per-turn signals of Progress-SQL, named
 as `rewards/progress.py` reads them from `extras`: `sql_exec_ok` (the statement ran),
 `sql_correct` (its result matches the gold result) and, with `score_queries`, `sql_score`
 (`sql_diagnostics.score` against the gold query, 0 for a turn without a statement). Last step:

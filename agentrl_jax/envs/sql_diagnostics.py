@@ -1,4 +1,4 @@
-"""Clause-level comparison of a predicted SQL query with the gold query (Progress-SQL, B.11).
+"""Clause-level comparison of a predicted SQL query with the gold query (Progress-SQL).
 
 Progress-SQL (docs/methods.md#progress-sql) scores a query by its alignment with the gold query:
 
@@ -15,7 +15,7 @@ Normalisation (so that equivalent spellings score alike): keywords and identifie
 column qualifiers dropped (`c.name`, `customers.name` and `name` are one item); table aliases
 resolved to table names; SELECT aliases dropped, and ORDER BY items that name a SELECT alias
 replaced by the aliased expression; the two sides of `=` in JOIN conditions sorted. WHERE/HAVING
-predicates are profiled as (left side, operator, literal type) as B.11 prescribes, so the literal
+predicates are profiled as (left side, operator, literal type) as Progress-SQL prescribes, so the literal
 value counts in the lexical score only. A nested query contributes its own profile under
 `subquery`, each item prefixed with its clause ("where:product_id in subquery").
 

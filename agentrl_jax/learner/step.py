@@ -52,7 +52,7 @@ class LossConfig:
   # normaliser (its tokens, rows or non-empty rows, per agg_mode).
   micro_batches: int = 1
   # Mixture-of-experts policies: route each token to the experts the sampler used (recorded in
-  # traj.extras['routing']), so training log-probs are those of the sampled policy (B.6).
+  # traj.extras['routing']), so training log-probs are those of the sampled policy.
   replay_routing: bool = True
   # Truncated importance sampling (None = off): each token's advantage is weighted by
   # min(π_old(a)/π_sample(a), tis_cap), correcting for a sampler that is not exactly the policy

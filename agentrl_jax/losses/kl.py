@@ -1,4 +1,4 @@
-"""Per-token KL estimators between the policy and a reference (docs/methods.md#ppo-loss, verl `kl_penalty`).
+"""Per-token KL estimators between the policy and a reference (verl `kl_penalty`).
 
 Aggregate the result with `losses.policy.aggregate` for a KL loss, or subtract `β·kl` from the
 token rewards for KL in the reward. See J. Schulman, "Approximating KL Divergence" (2020).
@@ -65,7 +65,7 @@ def kl_penalty(logp: Array, ref_logp: Array, kind: str = "low_var_kl") -> Array:
 
 def kl_penalized_rewards(token_rewards: Array, logp: Array, ref_logp: Array, mask: Array,
                          beta: float, kind: str = "k1") -> Array:
-  """KL in the reward (§A.2): `r_t ← r_t − β·kl_t` on the action tokens, for token-level GAE.
+  """KL in the reward: `r_t ← r_t − β·kl_t` on the action tokens, for token-level GAE.
 
   In verl the log-probs are the rollout policy's (`old_logp`), so no gradient flows here.
 

@@ -178,7 +178,7 @@ def turn_mean_log_ratio(logp: Array, old_logp: Array, turn_of_token: Array, mask
       log r_{b,k} = (1/|a_{b,k}|) Σ_{t ∈ a_{b,k}} (logp_t − old_logp_t)
 
   Gradients flow to every token of the turn through the mean. To train with one ratio per turn
-  (GAGPO, §B.14), pass `old_logp + turn_mean_log_ratio(...)` as `logp` to `clipped_surrogate_loss`.
+  (GAGPO), pass `old_logp + turn_mean_log_ratio(...)` as `logp` to `clipped_surrogate_loss`.
 
   Args:
     logp: `[B, L]` current log-probs.

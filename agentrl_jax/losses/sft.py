@@ -1,5 +1,5 @@
 """Supervised and distillation terms: DRIFT's importance-weighted SFT (docs/methods.md#drift) and
-AHEAD's step-aware distillation advantage (B.8).
+AHEAD's step-aware distillation advantage (docs/methods.md#ahead).
 
 Token-level arguments may span the whole conversation `[B, L]` or only the action tokens
 `[B, K]` (the learner's `ActionView`); masks say which entries are policy tokens.
@@ -19,7 +19,7 @@ Array = Any
 
 
 def discounted_turn_return(reward: Array, turn_mask: Array, gamma: float) -> Array:
-  """`G_b = Σ_k γ^k · r_{b,k}` over existing turns (k from 0; B.12 counts from 1, same value).
+  """`G_b = Σ_k γ^k · r_{b,k}` over existing turns (k from 0; DRIFT counts from 1, same value).
 
   The return-to-go of the first turn (`advantages.step.step_returns`).
 
@@ -35,7 +35,7 @@ def discounted_turn_return(reward: Array, turn_mask: Array, gamma: float) -> Arr
 
 
 def repetition_penalty(keys: Array, turn_mask: Array, coef: float) -> Array:
-  """`P_b = λ·(1 − n_unique/n_turns)`, floored at 0 (B.12), over the turns that exist.
+  """`P_b = λ·(1 − n_unique/n_turns)`, floored at 0, over the turns that exist.
 
   DRIFT counts distinct normalised answers; an agent's analogue is distinct observations
   (`obs_hash`): a policy that keeps bumping into the same state repeats itself.
@@ -65,7 +65,7 @@ class ImportanceWeights(NamedTuple):
 
 def importance_weights(returns: Array, group_id: Array, num_groups: int, beta: float,
                        eps: float = 1e-12) -> ImportanceWeights:
-  """DRIFT's self-normalised importance weights within each prompt group (B.12).
+  """DRIFT's self-normalised importance weights within each prompt group (docs/methods.md#drift).
 
     z_b = R_b/β,  w_b = exp(z_b − max_g z) / ((1/|g|) Σ_{j∈g} exp(z_j − max_g z) + ε),
     p_b = w_b/|g|  (so Σ_{b∈g} p_b = 1 up to ε).
@@ -123,7 +123,7 @@ def distillation_advantages(advantages: Array, teacher_logp: Array, student_logp
                             mask: Array, error_step: Array, *, coef: float = 0.1,
                             delta_max: float = 1.0, nu_err: float = 1.0, nu_rout: float = 0.5,
                             mode: str = "additive") -> Array:
-  """AHEAD's step-aware distillation advantage (B.8), on policy tokens only.
+  """AHEAD's step-aware distillation advantage (docs/methods.md#ahead), on policy tokens only.
 
     δ_t = logp_T(y_t | c^T) − sg(logp(y_t | c)),  δ̄_t = clip(δ_t, −δ_max, δ_max),
     ν_t = ν_err on error steps, ν_rout elsewhere,

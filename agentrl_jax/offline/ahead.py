@@ -75,7 +75,7 @@ def distillation_correction(traj: types.Trajectories, advantages: jax.Array, *, 
 @config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class AheadConfig:
-  """AHEAD's hyperparameters (B.8 defaults).
+  """AHEAD's hyperparameters (AHEAD defaults).
 
   Attributes:
     coef, delta_max, nu_err, nu_rout, mode: see `losses.sft.distillation_advantages`.

@@ -1,4 +1,4 @@
-"""DRIFT: decoupled offline rollouts from a fixed reference policy + importance-weighted SFT (B.12).
+"""DRIFT: decoupled offline rollouts from a fixed reference policy + importance-weighted SFT.
 
 The optimum of KL-regularised RL is `π*(τ) ∝ π_ref(τ)·exp(R(τ)/β)`, so RL can be done as
 supervised learning on reference samples weighted by `exp(R/β)`, self-normalised within each
@@ -45,7 +45,7 @@ REFERENCES = ("policy", "noisy_expert")
 @config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class DriftConfig:
-  """DRIFT's data collection and weighting (defaults: the shipped script of B.12).
+  """DRIFT's data collection and weighting (defaults: the shipped script of DRIFT).
 
   Attributes:
     reference: who samples the offline data: "policy" (the initial, warm-started policy, frozen)
@@ -86,7 +86,7 @@ class DriftConfig:
 
 
 def trajectory_returns(traj: types.Trajectories, config: DriftConfig) -> jax.Array:
-  """`R_b = G_b + format_penalty·n_invalid_b − P^rep_b` (B.12), [B]."""
+  """`R_b = G_b + format_penalty·n_invalid_b − P^rep_b` (docs/methods.md#drift), [B]."""
   turn_mask = jnp.asarray(traj.turn_mask)
   g = sft.discounted_turn_return(jnp.asarray(traj.reward), turn_mask, config.gamma)
   n_invalid = jnp.sum(turn_mask & ~jnp.asarray(traj.action_valid), axis=1)

@@ -27,7 +27,7 @@ Two learner-side pieces go in the reward-shaper stage (`learner.train.reward_sha
   * `LibraryCheckpoint(library=name)` changes no reward; it carries the named library (entries,
     buffered episodes, update count) through the run's checkpoint, so a resumed run continues
     with the library it stopped with;
-  * `use_state_key_as_obs_hash` makes GiGPO/GAGPO group steps by cluster key (B.18's key-grouped
+  * `use_state_key_as_obs_hash` makes GiGPO/GAGPO group steps by cluster key (SLEA-RL's key-grouped
     step advantages): the wrapper reports each step's cluster ids in `info['state_key']` (the
     state after the action) and `info['anchor_state_key']` (the state it acted from), which the
     rollout loop records as `traj.extras`, and the shaper substitutes them for the raw
@@ -176,7 +176,7 @@ def rule_based_extractor(episode: Episode) -> list[Candidate]:
 @config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class LibraryConfig:
-  """Retrieval and maintenance of the library (B.18 defaults).
+  """Retrieval and maintenance of the library (SLEA-RL defaults).
 
   Attributes:
     num_retrieved: n_r, entries shown per step.
@@ -403,7 +403,7 @@ def use_state_key_as_obs_hash(traj: types.Trajectories) -> types.Trajectories:
   Step-group estimators (GiGPO, GAGPO) group turns by the state they act from: `obs_hash` of the
   previous turn, and `extras['initial_obs_hash']` for turn 0. Replacing both with cluster ids
   (`extras['state_key']`, the state after each turn, and `extras['anchor_state_key'][:, 0]`, the
-  state turn 0 acts from) puts structurally equivalent states in one step group (B.18: GiGPO
+  state turn 0 acts from) puts structurally equivalent states in one step group (SLEA-RL: GiGPO
   with key groups). Rewards are unchanged; turns that do not exist keep their hash. Unlike a
   reward shaper proper it rewrites `obs_hash`, not `reward`: list it last among the shapers, since
   one after it that reads `obs_hash` (curiosity) would see cluster ids, not exact observations.

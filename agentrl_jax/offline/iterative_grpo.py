@@ -1,4 +1,4 @@
-"""Iterative GRPO: single-turn GRPO against a learned turn-level Q, batch-online (B.20).
+"""Iterative GRPO: single-turn GRPO against a learned turn-level Q, batch-online.
 
 Each round k alternates
   * policy evaluation: deploy π_k on a batch of tasks, log the episodes in the trajectory store

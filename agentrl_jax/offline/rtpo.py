@@ -1,4 +1,4 @@
-"""RTPO's trainer: reverse-turn policy optimisation on sparse reverse trees (B.9).
+"""RTPO's trainer: reverse-turn policy optimisation on sparse reverse trees (docs/methods.md#rtpo).
 
 The tree sampling and the per-depth iteration are `rollout/strategies/rtpo.py`; this module owns
 the schedule: one PPO update (`learner/step.py`, unchanged) per turn depth, in decreasing turn

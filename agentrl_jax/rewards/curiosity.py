@@ -85,7 +85,7 @@ def duplicate_observation_intrinsic_reward(
 def duplicate_observation_penalty(traj: types.Trajectories, *, penalty: float = 0.1,
                                   max_total: float = 0.5,
                                   gate: str = "unproductive") -> types.Trajectories:
-  """Reward shaper: adds the duplicate-observation penalty to the turn rewards (B.1).
+  """Reward shaper: adds the duplicate-observation penalty to the turn rewards.
 
   Reads `obs_hash`, `turn_mask`, `reward`, `success` and, when present,
   `extras["initial_obs_hash"]` (`[B]` int32, the first observation's hash). `outcome` moves by the

@@ -1,4 +1,4 @@
-"""Process rewards: SocialRL's stage-aware dimension weights (B.7) and T1's verifier count (B.6).
+"""Process rewards: SocialRL's stage-aware dimension weights and T1's verifier count.
 
 Both turn scores the environment (or a reward model) recorded into dense turn rewards, before
 any estimator runs. Neither touches advantages.
@@ -20,12 +20,12 @@ from agentrl_jax import trajectory
 Array = jax.Array
 
 
-# B.7: three dimensions named in the SocialRL abstract (goal, relationship, coherence) and three
+# SocialRL: three dimensions named in the SocialRL abstract (goal, relationship, coherence) and three
 # completed in docs/methods.md#socialrl. The order is the last axis of `extras["process_scores"]`.
 DIMENSIONS = ("goal_advancement", "relational_attunement", "contextual_coherence",
               "information_seeking", "persona_consistency", "closure_quality")
 STAGES = ("early", "mid", "late")
-# Rows: early / mid / late; relationship first, goal mid-way, balanced closure late (B.7 table).
+# Rows: early / mid / late; relationship first, goal mid-way, balanced closure late (SocialRL table).
 DEFAULT_STAGE_WEIGHTS = (
     (0.15, 0.35, 0.15, 0.20, 0.10, 0.05),
     (0.35, 0.15, 0.15, 0.20, 0.10, 0.05),
@@ -78,10 +78,10 @@ def turn_stage_weights(turn_mask: Array, weights: Array, *, smooth: bool = False
 def stage_weighted_process_reward(traj: types.Trajectories, *, process_weight: float = 0.5,
                                   stage_weights=DEFAULT_STAGE_WEIGHTS, smooth: bool = False,
                                   score_keys: Sequence[str] = ()) -> types.Trajectories:
-  """Reward shaper (SocialRL, B.7): `r[b, k] = r_env[b, k] + λ_p·Σ_d w_d(stage_k)·s[b, k, d]`.
+  """Reward shaper (SocialRL): `r[b, k] = r_env[b, k] + λ_p·Σ_d w_d(stage_k)·s[b, k, d]`.
 
   The environment delivers the episode's goal score `R_goal` as the last turn's reward, so the
-  shaped reward is B.7's `λ_p·r^p + 1[k = K_b − 1]·R_goal`; credit it with GAE and a critic.
+  shaped reward is SocialRL's `λ_p·r^p + 1[k = K_b − 1]·R_goal`; credit it with GAE and a critic.
 
   Needs `traj.extras["process_scores"]`: `[B, N, D]` float scores in [0, 1] per turn and
   dimension, in the order of `DIMENSIONS` (D = 6 with the default table); or, with `score_keys`,
@@ -99,7 +99,7 @@ def stage_weighted_process_reward(traj: types.Trajectories, *, process_weight: f
     raise ValueError(f"stage_weighted_process_reward: process_weight must be >= 0, got "
                      f"{process_weight!r}")
   table = check_stage_weights(stage_weights)
-  method = "stage_weighted_process_reward (SocialRL, B.7)"
+  method = "stage_weighted_process_reward (SocialRL)"
   if score_keys:
     if len(score_keys) != table.shape[1]:
       raise ValueError(f"stage_weighted_process_reward: {len(score_keys)} score_keys for a "
@@ -123,7 +123,7 @@ def stage_weighted_process_reward(traj: types.Trajectories, *, process_weight: f
 def verifier_count_reward(traj: types.Trajectories, *, normalize: bool = False,
                           success_bonus: float = 0.0,
                           missing_counts_are_zero: bool = False) -> types.Trajectories:
-  """Reward shaper (T1, B.6): the trajectory's reward is the number of verifier checks passing.
+  """Reward shaper (T1): the trajectory's reward is the number of verifier checks passing.
 
   Needs `traj.extras["verifier_checks"]`, either
     `[B, J]` bool/float: check j passes at the end; the count goes on the last turn; or
@@ -145,7 +145,7 @@ def verifier_count_reward(traj: types.Trajectories, *, normalize: bool = False,
     success_bonus: added on the last turn when every check passes (default 0).
     missing_counts_are_zero: see above (default False: a batch without counts is an error).
   """
-  method = "verifier_count_reward (T1, B.6)"
+  method = "verifier_count_reward (T1)"
   turn_mask = jnp.asarray(traj.turn_mask, bool)
   last = trajectory.last_turn(turn_mask)
   if extra_keys.VERIFIER_CHECKS_KEY not in traj.extras and (extra_keys.VERIFIERS_PASSED_KEY in traj.extras
@@ -192,7 +192,7 @@ def _verifier_count_from_totals(traj: types.Trajectories, last: Array, *, normal
   total = None
   if normalize or success_bonus:
     total = trajectory.require(traj.sub_outcomes, extra_keys.VERIFIERS_TOTAL_KEY, where="sub_outcomes",
-                          method="verifier_count_reward (T1, B.6)",
+                          method="verifier_count_reward (T1)",
                           meaning="[B] number of verifiers, to normalize or detect all passing")
     total = total.astype(jnp.float32)
   reward = gained / jnp.maximum(total, 1.0)[:, None] if normalize else gained

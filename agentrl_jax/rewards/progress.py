@@ -193,7 +193,7 @@ def progressive_sql_reward(traj: types.Trajectories, *, progress_weight: float =
     `traj.extras["sql_score"]`: `[B, N]` float32 `alignment_score(q_k, gold)`;
     `traj.extras["sql_exec_ok"]`: `[B, N]` bool, `q_k` executes without error;
     `traj.extras["sql_correct"]`: `[B, N]` bool, `EX(q_k)`.
-  The environment's reward is `EX(q_K)`, so the shaped return is B.11's total `R`, bounded in
+  The environment's reward is `EX(q_K)`, so the shaped return is Progress-SQL's total `R`, bounded in
   `[−w_p − w_e, 1 + w_p + w_l + w_e]`.
 
   Args:
@@ -206,7 +206,7 @@ def progressive_sql_reward(traj: types.Trajectories, *, progress_weight: float =
                       ("execution_weight", execution_weight)):
     if not value >= 0:
       raise ValueError(f"progressive_sql_reward: {name} must be >= 0, got {value!r}")
-  method, meaning = "progressive_sql_reward (Progress-SQL, B.11)", "[B, N] per turn"
+  method, meaning = "progressive_sql_reward (Progress-SQL)", "[B, N] per turn"
   score = trajectory.require(traj.extras, extra_keys.SCORE_KEY, where="extras", method=method,
                         meaning=f"{meaning} float alignment score of that turn's SQL")
   exec_ok = trajectory.require(traj.extras, extra_keys.EXEC_OK_KEY, where="extras", method=method,

@@ -1,7 +1,7 @@
 """Credit-assignment methods trained side by side with `learner.train` (notebooks/credit_comparison).
 
 A method is an advantage estimator from `advantages.estimators.ESTIMATORS`, optionally with a critic
-(PPO-GAE), a reward shaper (GRPO + the curiosity duplicate-observation penalty, §B.1), or the loss
+(PPO-GAE), a reward shaper (GRPO + the curiosity duplicate-observation penalty), or the loss
 settings its paper pairs it with (Dr.GRPO's length-independent aggregation, GAGPO's turn-level
 ratio). Each run
 is a plain `learner.train` call with Python configs (no gin); its per-iteration training success
@@ -45,7 +45,7 @@ class Method:
     name: label in plots and tables.
     estimator: a key of `advantages.estimators.ESTIMATORS`.
     use_critic: train a value critic (needed by "gae").
-    curiosity: add the duplicate-observation penalty (§B.1) before the estimator.
+    curiosity: add the duplicate-observation penalty before the estimator.
     loss_overrides: `step.LossConfig` fields that differ from the comparison's shared loss
       (`SHARED_LOSS`), e.g. `{"ratio_level": "turn"}`.
   """

@@ -8,7 +8,7 @@ episodes is `actions[G, T]`, the return is
     R = β · Σ_{t∈D} 1[a_t = y_t] + ε,    ε ~ N(0, σ_ε²),
 
 with the decision turns `D` taken from `dd_chain.decision_turns`, so both agree on which turns
-matter. Two policies (§B.10.3): P-tab, one logit per turn (`features = None`), and P-shared,
+matter. Two policies: P-tab, one logit per turn (`features = None`), and P-shared,
 `π(a_t = 1) = σ(θ·x_t)` with unit-norm turn features `X[T, d]`. Their score is
 `ψ_t = (a_t − p_t)·x_t` (P-tab: `x_t = e_t`).
 
@@ -79,7 +79,7 @@ class ChainSpec:
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class TrainSpec:
-  """Normalized-gradient SGD on P-shared (§B.10.7).
+  """Normalized-gradient SGD on P-shared (docs/methods.md#step-gap).
 
   Attributes:
     num_features: d, the dimension of θ and of the turn features.
@@ -281,7 +281,7 @@ def exact_tabular_gradient(probs: Array, targets: Array, decision_mask: Array,
 
 def predicted_ratio(num_decisions: np.ndarray, horizon: int, critic_noise_std: float,
                     spec: ChainSpec, prob: float = 0.5) -> np.ndarray:
-  """Stylized theory (§B.10.2): `SNR_turn/SNR_traj = (ρ + κ)^(−1/2)`, `κ = σ_c²/E[Â²]`.
+  """Stylized theory: `SNR_turn/SNR_traj = (ρ + κ)^(−1/2)`, `κ = σ_c²/E[Â²]`.
 
   `E[Â²] = Var(R)·G/(G − 1)` for the leave-one-out advantage, `Var(R) = mβ²p(1−p) + σ_ε²`.
   """
@@ -385,7 +385,7 @@ def _snr_sweep_arrays(key: Array, masks: Array, critic_noise_stds: Array, *, spe
 def snr_sweep(key: Array, spec: ChainSpec, num_decisions: Sequence[int],
               critic_noise_stds: Sequence[float] = (0.0,), num_batches: int = 4000,
               num_resamples: int = 200, confidence: float = 0.95) -> SNRSweep:
-  """Experiment 1 (§B.10.5–B.10.6): `SNR_turn/SNR_traj` for P-tab at θ = 0 across densities.
+  """Experiment 1: `SNR_turn/SNR_traj` for P-tab at θ = 0 across densities.
 
   Each density draws its own `num_batches` groups (independent keys); on them every estimator is
   evaluated (common random numbers), so the ratios share the batch noise.
@@ -527,14 +527,14 @@ def _step_sweep_arrays(key: Array, masks: Array, *, spec: ChainSpec, train: Trai
 
 def step_sweep(key: Array, spec: ChainSpec, train: TrainSpec, num_decisions: Sequence[int],
                num_seeds: int = 8) -> StepSweep:
-  """Experiment 2 (§B.10.7): updates to threshold for each estimator, density and seed.
+  """Experiment 2: updates to threshold for each estimator, density and seed.
 
   Seed s (`fold_in(key, s)`) draws the features, θ* and the sampling streams, so the same seed
   gives both estimators the same task at every density.
 
   Args:
     key: PRNG key.
-    spec: the chain (§B.10.7: T = 128, G = 4, σ_ε = 0).
+    spec: the chain (docs/methods.md#step-gap: T = 128, G = 4, σ_ε = 0).
     train: optimizer and stopping rule.
     num_decisions: the m values; ρ = m/T.
     num_seeds: runs per estimator and density.

@@ -43,7 +43,7 @@ def _maybe_jit(fn, jit, **static):
 
 
 def gae_loop(rewards, values, mask, discount, lambda_):
-  """NumPy reference: the §A.1 recursion written as a plain reverse loop, one row at a time."""
+  """NumPy reference: the methods.md#ppo-gae recursion written as a plain reverse loop, one row at a time."""
   b, t_len = rewards.shape
   discount = np.broadcast_to(discount, rewards.shape)
   lambda_ = np.broadcast_to(lambda_, rewards.shape)

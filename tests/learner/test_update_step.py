@@ -70,7 +70,7 @@ def test_update_changes_params_and_reports_finite_metrics():
   assert int(state.step) == 1
   assert all(np.isfinite(float(v)) for v in metrics.values())
   assert float(metrics["loss/skipped_nonfinite"]) == 0
-  # On-policy single step: ratio = 1, so the loss is -mean advantage over action tokens (A.2 test 1).
+  # On-policy single step: ratio = 1, so the loss is -mean advantage over action tokens (the PPO loss test 1).
   # GRPO with groups {1, 0}: A = ±1/std = ±1/0.7071 = ±1.4142 on every token; equal token counts
   # per row → token-mean 0.
   np.testing.assert_allclose(float(metrics["loss/policy"]), 0.0, atol=1e-5)

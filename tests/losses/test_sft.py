@@ -10,7 +10,7 @@ from agentrl_jax.losses import sft
 
 
 def _reference_weights(returns, groups, beta, eps=1e-12):
-  """NumPy loop of B.12's self-normalised weights."""
+  """NumPy loop of DRIFT's self-normalised weights."""
   w = np.zeros_like(returns, np.float64)
   for g in np.unique(groups):
     idx = groups == g
@@ -56,7 +56,7 @@ def test_importance_weights_reject_bad_beta():
 
 
 def test_repetition_penalty_hand_case():
-  # Row 0: same observation on all 4 turns -> 0.5 * (1 - 1/4) = 0.375 (B.12 unit test 4).
+  # Row 0: same observation on all 4 turns -> 0.5 * (1 - 1/4) = 0.375 (DRIFT unit test 4).
   # Row 1: hashes 1, 2, 1 on 3 turns, 4th turn missing -> 0.5 * (1 - 2/3) = 1/6.
   keys = jnp.array([[5, 5, 5, 5], [1, 2, 1, 9]], jnp.int32)
   mask = jnp.array([[1, 1, 1, 1], [1, 1, 1, 0]], bool)

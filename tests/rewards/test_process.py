@@ -1,4 +1,4 @@
-"""Tests for agentrl_jax.rewards.process (SocialRL B.7, T1 B.6)."""
+"""Tests for agentrl_jax.rewards.process (SocialRL, T1)."""
 
 import jax
 import numpy as np

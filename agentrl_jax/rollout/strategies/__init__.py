@@ -9,9 +9,9 @@ the kept tokens (TITO), so any estimator and the PPO loss follow unchanged. Chos
 (`learner.run.entry = @rtpo.train`) is `offline/rtpo.py`.
 
   tsr.py     TSR best-of-N action selection and instance filtering (docs/methods.md#tsr)
-  t2po.py    T²PO turn-level dynamic sampling (B.15)
-  arpo.py    ARPO entropy-triggered branching (A.8)
-  rtpo.py    RTPO's sparse reverse trees: roots, prefixes, per-depth continuations (B.9)
-  teacher.py the privileged teacher AHEAD and SERL share (B.8, B.13)
+  t2po.py    T²PO turn-level dynamic sampling (docs/methods.md#t2po)
+  arpo.py    ARPO entropy-triggered branching (docs/methods.md#arpo)
+  rtpo.py    RTPO's sparse reverse trees: roots, prefixes, per-depth continuations
+  teacher.py the privileged teacher AHEAD and SERL share (AHEAD)
   common.py  the shared machinery: rows mid-episode, re-sampling a turn, forking rows
 """

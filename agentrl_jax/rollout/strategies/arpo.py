@@ -1,5 +1,5 @@
 """ARPO-style entropy branching: spend part of each prompt's sample budget on branches taken where
-the policy grows uncertain after an environment response (A.8).
+the policy grows uncertain after an environment response (docs/methods.md#arpo).
 
 Each prompt group has M rows (its budget). The first N start as full rollouts; the other M − N
 are dormant slots filled by branching. After every environment response (turn k ≥ 1), each live

@@ -1,4 +1,4 @@
-"""RTPO — reverse-turn policy optimisation on sparse reverse trees (B.9).
+"""RTPO — reverse-turn policy optimisation on sparse reverse trees (docs/methods.md#rtpo).
 
 One iteration: sample `num_roots` root episodes per task with the policy, recording every turn's
 token-exact prefix and the env state there. Then, for turn k = K_max − 1 down to 0, pick at most

@@ -1,4 +1,4 @@
-"""T²PO turn-level dynamic sampling (TDS): resample turns that made no exploration progress (B.15).
+"""T²PO turn-level dynamic sampling (TDS): resample turns that made no exploration progress.
 
 Each sampled turn gets a self-calibrated uncertainty score U (entropy fused with confidence over
 the response's tokens). A turn whose score barely moved against the row's previous turn,

@@ -82,7 +82,7 @@ class StepRecord:
 class RecordingEnv(envs_base.TextEnv):
   """Wraps an env and records each step's feedback, error flag and (error steps only) hint.
 
-  An error step (B.8's default detector) is an invalid action, an action after which the state
+  An error step (AHEAD's default detector) is an invalid action, an action after which the state
   did not change (the observation below its feedback line), or one that ended the episode in
   failure before the step cap.
   """

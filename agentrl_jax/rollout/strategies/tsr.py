@@ -1,4 +1,4 @@
-"""TSR — trajectory-search rollouts: best-of-N action selection and instance filtering (B.19).
+"""TSR — trajectory-search rollouts: best-of-N action selection and instance filtering.
 
 Test-time search moved into the rollout stage of training. At every turn each live episode
 samples N candidate actions from the same prefix, tries each on a clone of its environment, scores
