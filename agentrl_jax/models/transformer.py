@@ -220,7 +220,9 @@ class KVCache:
   Heads-major, so attention reads a layer's keys and values in place (`models/attention.py`).
   `k` and `v` may also be tuples of per-layer [B, kv_heads, S, head_dim] arrays
   (`unstacked`): a decode loop carries them that way, so a step writes each layer's buffer in
-  place instead of slicing the stacked array per layer and stacking it again per token.
+  place instead of slicing the stacked array per layer and stacking it again per token. The
+  rollout loop keeps them that way across turns too (`sampler.growing_cache`): stacking copies
+  the whole cache.
   """
 
   k: jax.Array | tuple[jax.Array, ...]
@@ -240,6 +242,14 @@ class KVCache:
     if not isinstance(self.k, tuple):
       return self
     return self.replace(k=jnp.stack(self.k), v=jnp.stack(self.v))
+
+  def grown(self, capacity: int) -> "KVCache":
+    """The same cache in buffers of `capacity` >= self.capacity slots (zeros past the old ones),
+    stacked or per-layer as it was."""
+    if capacity < self.capacity:
+      raise ValueError(f"KVCache.grown: capacity {capacity} < the cache's {self.capacity}")
+    pad = lambda x: jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, capacity - x.shape[-2]), (0, 0)])
+    return self.replace(k=jax.tree.map(pad, self.k), v=jax.tree.map(pad, self.v))
 
 
 def init_cache(config: TransformerConfig, batch_size: int, capacity: int,

@@ -58,6 +58,14 @@ class RolloutConfig:
       the smallest window that holds every live row's conversation plus the turn (`sample_turn`
       `window`), so short conversations do not pay for the whole cache. Each window is one more
       compile per observation bucket. Empty = always the whole cache.
+    grow_cache: the KV cache starts at 64 slots and grows (copied once) whenever a turn would
+      outgrow it, through `sampler.cache_sizes` up to `cache_capacity`, so a turn's attention
+      reads about the conversation so far rather than the whole capacity, with the same
+      samples; each size is one more compile per observation bucket. False: one cache of
+      `cache_capacity` from the first turn.
+    cache_steps_per_doubling: sizes of the growing cache per doubling: 2 (each about √2 times
+      the last; 8 sizes up to 672 slots) or 1 (doubling: 5 sizes, fewer compiles, up to twice
+      the slots a turn needs).
   """
 
   max_turns: int = 10
@@ -69,6 +77,8 @@ class RolloutConfig:
   max_trajectory_action_tokens: int = 0
   context: context_lib.ContextConfig = context_lib.ContextConfig()
   cache_windows: tuple[int, ...] = ()
+  grow_cache: bool = True
+  cache_steps_per_doubling: int = 2
 
   def __post_init__(self):
     config_errors.check_field_types(self)
@@ -88,6 +98,9 @@ class RolloutConfig:
         w <= 0 for w in self.cache_windows):
       raise ValueError(f"RolloutConfig.cache_windows must be positive and strictly ascending, got "
                        f"{self.cache_windows}")
+    if self.cache_steps_per_doubling < 1:
+      raise ValueError(f"RolloutConfig.cache_steps_per_doubling must be >= 1, got "
+                       f"{self.cache_steps_per_doubling}")
     turn_size = self.obs_buckets[-1] + self.sampling.max_action_tokens
     if self.context.policy == "truncate_oldest" and self.context.max_context_tokens < turn_size:
       raise ValueError(
@@ -399,7 +412,11 @@ class RolloutRunner:
       raise ValueError(f"collect: {b} envs but row_ids has shape {row_ids.shape}")
     cache = None
     if actor is None:
-      cache = transformer.init_cache(self.model_config, b, cfg.cache_capacity)
+      if cfg.grow_cache:
+        cache = sampler_lib.growing_cache(self.model_config, b, cfg.cache_capacity,
+                                          cfg.cache_steps_per_doubling)
+      else:
+        cache = transformer.init_cache(self.model_config, b, cfg.cache_capacity)
     turn_open = np.zeros((b, cfg.max_turns), np.int32)  # where each turn's observation starts
     spent = np.zeros(b, np.int32)  # action tokens sampled so far
     if cfg.context.masks:
@@ -476,8 +493,10 @@ class RolloutRunner:
     # Every live row's cache holds its conversation before this chunk; the turn adds at most
     # width + max_action_tokens (a padded chunk is written whole).
     window = None
-    if history is not None and self.config.cache_windows:
+    if history is not None:
       need = int(np.max(np.where(active, history, 0))) + width + self.config.sampling.max_action_tokens
+      cache = sampler_lib.fit_cache(cache, need, self.config.cache_capacity,
+                                    self.config.cache_steps_per_doubling)
       window = next((w for w in self.config.cache_windows if need <= w < cache.capacity), None)
     out = self._sample_turn(params, cache, obs, obs_len, active, np.int32(turn), key, row_ids,
                             floor=floor, window=window)

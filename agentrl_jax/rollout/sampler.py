@@ -16,6 +16,7 @@ they carry no log-prob and no loss.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, NamedTuple, Sequence
 
 import jax
@@ -353,13 +354,16 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
       instead of O(capacity), which is most of a turn's cost while the conversation is short.
   Returns:
     TurnSample; tokens past a row's `num_tokens` are padding (0). With `config.thinking`,
-    `forced` marks the close tokens the intervention wrote (log-prob 0).
+    `forced` marks the close tokens the intervention wrote (log-prob 0). The cache comes back
+    stacked or per-layer as it was given.
   """
   model = nnx.merge(graphdef, params)
   full = cache
   if window is not None and window < cache.capacity:
-    cache = cache.replace(k=cache.k[..., :window, :], v=cache.v[..., :window, :])
-  cache = cache.unstacked()  # per-layer buffers through the turn, stacked again at its end
+    cut = lambda x: x[..., :window, :]
+    cache = cache.replace(k=jax.tree.map(cut, cache.k), v=jax.tree.map(cut, cache.v))
+  # Per-layer buffers through the turn; a stacked cache is stacked again at its end.
+  cache = cache.unstacked()
   allowed = distribution.vocabulary_mask(vocab_size, config.allowed_token_ids)
   b, t = obs_tokens.shape
   keys = row_keys(rng, jnp.arange(b, dtype=jnp.int32) if row_ids is None else row_ids)
@@ -410,10 +414,12 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
     think = initial_think_state(active & thinking.start_thinking, thinking.window)
   init = (cache, last, ~active, obs_len.astype(jnp.int32), think)
   (cache, _, _, _, _), out = jax.lax.scan(decode_step, init, jnp.arange(config.max_action_tokens))
-  cache = cache.stacked()
-  if cache is not full and cache.capacity < full.capacity:
-    cache = full.replace(k=full.k.at[..., :window, :].set(cache.k),
-                         v=full.v.at[..., :window, :].set(cache.v), length=cache.length)
+  if not isinstance(full.k, tuple):
+    cache = cache.stacked()
+  if cache.capacity < full.capacity:
+    put = lambda whole, part: whole.at[..., :window, :].set(part)
+    cache = full.replace(k=jax.tree.map(put, full.k, cache.k),
+                         v=jax.tree.map(put, full.v, cache.v), length=cache.length)
   return TurnSample(tokens=out["token"].T, logprobs=out["logprob"].T,
                     num_tokens=out["emit"].sum(axis=0).astype(jnp.int32), cache=cache,
                     obs_routing=obs_routing,
@@ -435,6 +441,65 @@ def make_turn_sampler(graphdef: nnx.GraphDef, config: SamplingConfig, vocab_size
                        config=config, vocab_size=vocab_size, floor=floor, window=window)
 
   return jax.jit(fn, donate_argnums=(1,), static_argnames=("window",))
+
+
+# A growing KV cache: a turn's attention reads every slot of the cache it is given, so a cache
+# sized for the longest conversation makes every turn cost what the last one does. Reading only
+# the filled blocks of a big cache does not help on XLA:CPU: a dot reads whole dense buffers, so
+# each block is copied out first, about 1.8x the per-slot cost of reading a whole buffer in place
+# (docs/performance.md). Instead the rollout loop starts small and steps through a few static
+# sizes, copying the cache once when a turn outgrows it; the sampler compiles once per size.
+# Slots past a row's length are masked either way, so the samples are the same.
+SMALLEST_CACHE = 64
+# Sizes are rounded up to a multiple of this many slots.
+CACHE_SIZE_ALIGN = 32
+
+
+def cache_sizes(capacity: int, steps_per_doubling: int = 2,
+                smallest: int = SMALLEST_CACHE) -> tuple[int, ...]:
+  """The sizes a growing cache steps through, ending at `capacity`.
+
+  smallest · 2^(k / steps_per_doubling) for k = 0, 1, ..., rounded up to a multiple of
+  CACHE_SIZE_ALIGN, while more than CACHE_SIZE_ALIGN below `capacity`: 1 step doubles (fewest
+  compiles), 2 steps grow by about √2 (a turn reads at most about √2 times the slots it needs
+  instead of 2 times).
+  """
+  if steps_per_doubling < 1:
+    raise ValueError(f"cache_sizes: steps_per_doubling must be >= 1, got {steps_per_doubling}")
+  sizes, k = [], 0
+  while True:
+    size = -(-smallest * 2 ** (k / steps_per_doubling) // CACHE_SIZE_ALIGN) * CACHE_SIZE_ALIGN
+    if size + CACHE_SIZE_ALIGN > capacity:
+      return (*sizes, capacity)
+    if not sizes or size > sizes[-1]:
+      sizes.append(int(size))
+    k += 1
+
+
+def growing_cache(config: transformer.TransformerConfig, batch_size: int, capacity: int,
+                  steps_per_doubling: int = 2) -> transformer.KVCache:
+  """An empty per-layer cache of the first of `cache_sizes`; `fit_cache` grows it.
+
+  Per-layer (`KVCache.unstacked`): the sampler then hands each layer's buffer through a turn as
+  it is, where a stacked cache is unstacked and stacked again, two copies of it per turn.
+  """
+  first = cache_sizes(capacity, steps_per_doubling)[0]
+  return transformer.init_cache(config, batch_size, first).unstacked()
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _grown(cache: transformer.KVCache, capacity: int) -> transformer.KVCache:
+  return cache.grown(capacity)
+
+
+def fit_cache(cache: transformer.KVCache, need: int, capacity: int,
+              steps_per_doubling: int = 2) -> transformer.KVCache:
+  """`cache`, grown to the smallest of `cache_sizes` that holds `need` slots if it holds fewer
+  (copied once; never shrunk, never past `capacity`)."""
+  if need <= cache.capacity or cache.capacity >= capacity:
+    return cache
+  size = next(s for s in cache_sizes(capacity, steps_per_doubling) if need <= s or s == capacity)
+  return _grown(cache, size)
 
 
 def outside_thinking(ids: Sequence[int], thinking: ThinkingConfig | None) -> list[int]:
