@@ -61,8 +61,9 @@ class RolloutConfig:
     grow_cache: the KV cache starts at 64 slots and grows (copied once) whenever a turn would
       outgrow it, through `sampler.cache_sizes` up to `cache_capacity`, so a turn's attention
       reads about the conversation so far rather than the whole capacity, with the same
-      samples; each size is one more compile per observation bucket. False: one cache of
-      `cache_capacity` from the first turn.
+      samples; each size is one more compile per observation bucket, so it pays for long
+      conversations and long runs, not short ones. False (the default): one cache of
+      `cache_capacity` from the first turn, one compile.
     cache_steps_per_doubling: sizes of the growing cache per doubling: 2 (each about √2 times
       the last; 8 sizes up to 672 slots) or 1 (doubling: 5 sizes, fewer compiles, up to twice
       the slots a turn needs).
@@ -77,7 +78,7 @@ class RolloutConfig:
   max_trajectory_action_tokens: int = 0
   context: context_lib.ContextConfig = context_lib.ContextConfig()
   cache_windows: tuple[int, ...] = ()
-  grow_cache: bool = True
+  grow_cache: bool = False
   cache_steps_per_doubling: int = 2
 
   def __post_init__(self):
