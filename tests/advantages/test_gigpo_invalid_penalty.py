@@ -13,19 +13,10 @@ from agentrl_jax import types
 from agentrl_jax.advantages import estimators
 from agentrl_jax.advantages import step
 
+from test_step import returns_loop  # noqa: E402  the shared NumPy loop reference
+
 GIGPO = jax.jit(step.gigpo_advantages,
                 static_argnames=("num_groups", "mode", "episode_stats_over"))
-
-
-def _returns(rewards, mask, gamma):
-  out = np.zeros(rewards.shape)
-  for b in range(rewards.shape[0]):
-    running = 0.0
-    for k in reversed(range(rewards.shape[1])):
-      if mask[b, k]:
-        running = rewards[b, k] + gamma * running
-        out[b, k] = running
-  return out
 
 
 def _norm(x, vals, normalize, eps):
@@ -41,7 +32,7 @@ def penalized_gigpo_loop(scores, rewards, anchors, mask, gid, invalid, coef, gam
   b_size, n = rewards.shape
   normalize = mode == "mean_std_norm"
   penalty = coef * (invalid & mask)
-  g = _returns(rewards.astype(np.float64), mask, gamma) - penalty
+  g = returns_loop(rewards.astype(np.float64), mask, gamma) - penalty
   row_score = scores[:, None].astype(np.float64) - penalty
   trajectory_score = scores - penalty.sum(axis=1)
   episode_vals = collections.defaultdict(list)
