@@ -52,7 +52,7 @@ _EXTRAS = {
     # hypothesis drives the property-based tests.
     # matplotlib: CI executes the study notebooks at SMALL size.
     # wandb: the W&B writer's test runs it in offline mode.
-    "dev": ["pytest>=9.0", "rlax>=0.1", "hypothesis>=6.155", "matplotlib>=3.11",
+    "dev": ["pytest>=9.0", "pytest-xdist>=3.8", "rlax>=0.1", "hypothesis>=6.155", "matplotlib>=3.11",
             "wandb>=0.22"] + _LIGHT_ENVS,
     # TextWorld engines: heavy (spaCy, jericho) and, for TextWorld-Express, Java on PATH. Their
     # tests skip with a reason where these are absent.

@@ -1,12 +1,24 @@
 """Test-wide setup: 8 fake CPU devices so every sharding path runs on one host."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # Must precede the first `import jax` anywhere in the test session.
 # A loaded 2-core machine can stall one of 8 fake devices past XLA's 40 s collective timeout.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
                       "--xla_cpu_collective_call_terminate_timeout_seconds=900")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One on-disk compilation cache for the session, shared by pytest-xdist workers and by the
+# `experiments/run.py` subprocesses (they inherit the environment): many tests build the same
+# tiny programs afresh, and on 2 cores compiling them again is most of the suite's time. XLA keys
+# each entry on the program and its compile options, so a hit is the program a compile would give.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="agentrl_jax_test_cache_")
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import jax  # noqa: E402
 

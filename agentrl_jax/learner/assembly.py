@@ -213,11 +213,34 @@ def resolve(config: configs.TrainConfig, model, rollout: loop_lib.RolloutConfig,
                        "shipped tokenizer's action words; a chat model answers in free text: set "
                        "it to False")
     rollout = dataclasses.replace(rollout, sampling=restricted_sampling(rollout.sampling, probe_env, tok))
+  if config.example_turns:
+    if conversation is None:
+      raise ValueError(f"TrainConfig.example_turns={config.example_turns} writes example turns in "
+                       "a chat model's template; this run has none (init_from a GGUF file)")
+    conversation = conversation.with_examples(conversation_lib.expert_exchanges(
+        make_env(), seed=config.example_seed, turns=config.example_turns))
+  check_first_observation_fits(conversation or conversation_lib.ObsActConversation(tok),
+                               probe_env, rollout)
   if model.position == "turn_slot" and model.max_turns < rollout.max_turns:
     raise ValueError(f"TransformerConfig.max_turns={model.max_turns} is below "
                      f"RolloutConfig.max_turns={rollout.max_turns}: later turns would share an embedding")
   return Resolved(tokenizer=tok, make_env=make_env, model=model, rollout=rollout,
                   conversation=conversation)
+
+
+def check_first_observation_fits(conversation, env, rollout: loop_lib.RolloutConfig) -> None:
+  """Raises if an episode's opening chunk (seed 0) cannot be played: the rollout would end every
+  episode before its first turn (counted as truncated) and train on nothing."""
+  ids = conversation.observation(env.reset(0), turn=0, instructions=loop_lib.env_instructions(env),
+                                 last_token=None)
+  if len(ids) > rollout.obs_buckets[-1]:
+    raise ValueError(f"the first observation of env {env.name!r} is {len(ids)} tokens (system "
+                     f"message and examples included), above the largest "
+                     f"RolloutConfig.obs_buckets={rollout.obs_buckets[-1]}")
+  if len(ids) + rollout.sampling.max_action_tokens > rollout.max_len:
+    raise ValueError(f"the first observation of env {env.name!r} ({len(ids)} tokens) and one "
+                     f"action ({rollout.sampling.max_action_tokens}) exceed "
+                     f"RolloutConfig.max_len={rollout.max_len}")
 
 
 def abstract_graphdef(model: transformer.TransformerConfig, seed: int):

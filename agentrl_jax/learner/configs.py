@@ -32,6 +32,12 @@ class TrainConfig:
       behaviour-cloning warm start, so the critic starts from what the cloned policy learned.
     restrict_to_action_words: sample only the env's action words, one token each
       (constrained decoding; the learner uses the same restriction).
+    example_turns: with a chat model (`init_from` a GGUF file), show every episode this many
+      turns of the env's scripted expert on the task `example_seed` as user/assistant messages
+      after the system message, so the model sees the reply format once (few-shot prompting;
+      `conversation.expert_exchanges`); 0: none.
+    example_seed: the example's task; the default sits below the held-out seeds
+      (`EvalConfig.seed_offset`) and above the warm start's demonstrations.
     checkpoint_every: save a checkpoint every this many iterations (and at the end).
     log_every: write metrics every this many iterations.
     max_staleness: 0 plays each batch with the current policy (synchronous); 1 plays batch k+1
@@ -51,6 +57,8 @@ class TrainConfig:
   critic_init: Literal["random", "policy"] = "random"
   decision_density_threshold: float | None = None
   restrict_to_action_words: bool = True
+  example_turns: int = 0
+  example_seed: int = 999_999_999
   checkpoint_every: int = 25
   log_every: int = 1
   max_staleness: int = 0
@@ -65,6 +73,8 @@ class TrainConfig:
         raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
     if self.num_iterations < 0:
       raise ValueError(f"TrainConfig.num_iterations must be >= 0, got {self.num_iterations}")
+    if self.example_turns < 0:
+      raise ValueError(f"TrainConfig.example_turns must be >= 0, got {self.example_turns}")
 
   @property
   def batch_size(self) -> int:

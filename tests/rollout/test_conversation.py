@@ -177,3 +177,44 @@ def test_a_free_text_move_is_played_and_a_listing_of_moves_costs_a_turn():
   result = env.step("Your move is to left, right, up or down")
   assert not result.info["action_valid"] and env.position == (0, 1) and env.turn == 2
   assert result.observation.startswith("invalid action")
+
+
+# ----------------------------------------------------------------------------- example exchanges
+
+
+def test_expert_exchanges_are_the_experts_moves_on_the_envs_own_observations():
+  env = frozenlake.FrozenLake()
+  pairs = conversation.expert_exchanges(env, seed=7, turns=3)
+  replay = frozenlake.FrozenLake()
+  obs = replay.reset(7)
+  assert len(pairs) == 3
+  for seen, move in pairs:
+    assert seen == obs and move == replay.expert_action()
+    obs = replay.step(move).observation
+  # An episode that ends first gives fewer pairs: the expert solves a 2x2 board in 2 moves.
+  assert len(conversation.expert_exchanges(frozenlake.FrozenLake(size=2, max_turns=4),
+                                           seed=0, turns=10)) == 2
+  with pytest.raises(ValueError, match="turns must be >= 1"):
+    conversation.expert_exchanges(env, seed=7, turns=0)
+
+
+@needs_chat
+def test_example_exchanges_sit_between_the_system_message_and_the_first_board(
+    chat_format, smollm2, reference_tok):
+  _, tok, chat = smollm2
+  rules, first, second = _two_turns()
+  examples = conversation.expert_exchanges(frozenlake.FrozenLake(), seed=11, turns=2)
+  framed = chat_format.with_examples(examples)
+  sampled = tok.encode("down") + [chat.eos_id]
+  ids = conversation.transcript(framed, [first, second], [sampled], instructions=rules)
+  messages = [("system", rules)]
+  for obs, move in examples:
+    messages += [("user", obs), ("assistant", move)]
+  want = _reference_ids(reference_tok, messages + [("user", first), ("assistant", "down"),
+                                                   ("user", second)])
+  assert ids == want
+  # Later turns are unchanged by the examples: only the opening chunk holds them.
+  assert (framed.observation(second, turn=1, instructions=rules, last_token=chat.eos_id)
+          == chat_format.observation(second, turn=1, instructions=rules, last_token=chat.eos_id))
+  with pytest.raises(ValueError, match="empty reply"):
+    chat_format.with_examples([("board", " ")])
