@@ -167,7 +167,7 @@ def action_hashes(traj: types.Trajectories) -> Array:
   turn = jnp.asarray(traj.turn_of_token)
   start = jnp.take_along_axis(jnp.asarray(traj.turn_start), jnp.maximum(turn, 0), axis=1)
   offset = (jnp.arange(tokens.shape[1])[None, :] - start).astype(jnp.uint32)
-  term = step_lib._mix32(tokens * jnp.uint32(0x9E3779B1) + step_lib._mix32(offset + 1))
+  term = step_lib.mix32(tokens * jnp.uint32(0x9E3779B1) + step_lib.mix32(offset + 1))
   term = jnp.where(acting & (turn >= 0), term, jnp.uint32(0))
   n = traj.turn_mask.shape[1]
   per_turn = jax.vmap(lambda t, ids: jax.ops.segment_sum(t, ids, n))(
@@ -198,7 +198,7 @@ def batch_decision_density(traj: types.Trajectories, threshold: float) -> Decisi
   group_id = jnp.asarray(traj.group_id)
   state_ids = step_lib.step_groups(group_id, anchors, mask)
   action_ids = step_lib.step_groups(
-      group_id, step_lib._mix32((anchors.astype(jnp.uint32) * jnp.uint32(0x85EBCA6B))
+      group_id, step_lib.mix32((anchors.astype(jnp.uint32) * jnp.uint32(0x85EBCA6B))
                                ^ action_hashes(traj).astype(jnp.uint32)).astype(jnp.int32), mask)
   return decision_density(_segment_mean(returns, action_ids, mask),
                           _segment_mean(returns, state_ids, mask), mask, threshold)

@@ -76,7 +76,7 @@ def anchor_hashes(obs_hash: Array, initial_hash: Array | None = None) -> Array:
       [jnp.asarray(initial_hash, obs_hash.dtype)[:, None], obs_hash[:, :-1]], axis=1)
 
 
-def _mix32(h: Array) -> Array:
+def mix32(h: Array) -> Array:
   """MurmurHash3's 32-bit finaliser: a bijection on uint32 that spreads every input bit."""
   h = h ^ (h >> 16)
   h = h * jnp.uint32(0x85EBCA6B)
@@ -138,7 +138,7 @@ def step_groups(group_id: Array, anchor_hash: Array, turn_mask: Array, *,
 
   def probe(state: _ProbeState) -> _ProbeState:
     seed = state.round.astype(jnp.uint32) * jnp.uint32(0x9E3779B9)
-    slot = (_mix32(key_bits ^ _mix32(group_bits + seed)) >> (32 - bits)).astype(jnp.int32)
+    slot = (mix32(key_bits ^ mix32(group_bits + seed)) >> (32 - bits)).astype(jnp.int32)
     first = jax.ops.segment_min(jnp.where(state.unresolved, row_index, rows), slot, 1 << bits)
     # Unresolved rows find at least themselves in their slot; the clip only guards resolved rows.
     candidate = jnp.minimum(first[slot], rows - 1)

@@ -346,3 +346,16 @@ def test_gigpo_million_step_rows_at_large_offset_match_float64(mode):
   returns = np.repeat(final[:, None], n, axis=1)
   want = _gigpo_float64(scores, returns, anchors, gid, mode)
   np.testing.assert_allclose(got.advantages, want, atol=1e-4)
+
+
+def test_mix32_is_murmur3s_finaliser_and_a_bijection():
+  def reference(h):  # MurmurHash3 fmix32, in Python integers
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+  inputs = np.arange(1 << 16, dtype=np.uint32) * np.uint32(65_537)
+  got = np.asarray(step.mix32(jnp.asarray(inputs)))
+  assert [int(x) for x in got[:64]] == [reference(int(x)) for x in inputs[:64]]
+  assert len(np.unique(got)) == len(inputs)
