@@ -143,6 +143,9 @@ class EvalConfig:
     seed_offset: first held-out seed; training seeds stay below it.
     env_kwargs: constructor arguments that override TrainConfig.env_kwargs for evaluation only
       (e.g. {'fold': 'dev'} where an engine keeps its own held-out games).
+    batch_size: episodes played at once (None: a process's whole share). The KV cache is
+      batch x capacity, so a large model evaluates in batches; the figures do not depend on it
+      (each episode keeps its global row's sampling key).
   """
 
   every: int = 50
@@ -151,9 +154,12 @@ class EvalConfig:
   pass_k_tasks: int = 32
   seed_offset: int = 1_000_000_000
   env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+  batch_size: int | None = None
 
   def __post_init__(self):
     config_errors.check_field_types(self)
+    if self.batch_size is not None and self.batch_size < 1:
+      raise ValueError(f"EvalConfig.batch_size must be >= 1 or None, got {self.batch_size}")
     if self.every < 1 or self.num_tasks < 1 or self.pass_k < 0 or self.pass_k_tasks < 0:
       raise ValueError(f"EvalConfig: invalid sizes every={self.every}, num_tasks={self.num_tasks}, "
                        f"pass_k={self.pass_k}, pass_k_tasks={self.pass_k_tasks}")

@@ -177,12 +177,21 @@ class TurnSample(NamedTuple):
   forced: jax.Array | None = None
 
 
-def _forward(model, tokens, pos, cache):
-  """(logits, cache, experts or None): records routing only for a mixture-of-experts model."""
+def _forward(model, tokens, pos, cache, last=None):
+  """(logits, cache, experts or None): records routing only for a mixture-of-experts model.
+
+  With `last` [B] (a chunk's last valid position per row) only those positions' logits
+  [B, 1, V] are computed: a prefill samples from its last token alone, and the whole chunk's
+  [B, T, V] logits (49,152 floats a token for SmolLM2) would cost a head matmul per token and,
+  at batch 200 x 256 tokens, 10 GB.
+  """
   if not model.config.num_experts:
-    logits, cache = model(tokens, pos, cache)
-    return logits, cache, None
-  x, cache, experts = model.features_and_routing(tokens, pos, cache)
+    x, cache = model.features(tokens, pos, cache)
+    experts = None
+  else:
+    x, cache, experts = model.features_and_routing(tokens, pos, cache)
+  if last is not None:
+    x = jnp.take_along_axis(x, last[:, None, None], axis=1)
   return model.head_out(x), cache, experts
 
 
@@ -373,9 +382,10 @@ def sample_turn(graphdef: nnx.GraphDef, params: nnx.State, cache: transformer.KV
       position=cache.length[:, None] + jnp.arange(t, dtype=jnp.int32),
       turn=jnp.full((b, t), turn, jnp.int32),
       slot=jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), floor=floor_of(t))
-  logits, cache, obs_routing = _forward(model, obs_tokens, chunk_pos, cache)
+  logits, cache, obs_routing = _forward(model, obs_tokens, chunk_pos, cache,
+                                        last=jnp.maximum(obs_len - 1, 0))
   cache = cache.replace(length=cache.length + obs_len)
-  last = jnp.take_along_axis(logits, jnp.maximum(obs_len - 1, 0)[:, None, None], axis=1)[:, 0]
+  last = logits[:, 0]
   stops = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
   thinking = config.thinking
   check_thinking(thinking, vocab_size)
