@@ -65,6 +65,28 @@ def random_batch(batch: int, length: int, vocab: int, actions_per_turn: int) -> 
       outcome=rng.normal(size=batch).astype(np.float32))
 
 
+def build_update(config: transformer.TransformerConfig, batch: int, length: int,
+                 actions_per_turn: int, micro_batches: int, learning_rate: float = 1e-5):
+  """(update, state, trajectories) of one GRPO + Adam learner update on a random batch.
+
+  `update(state, trajectories)` returns (state, metrics) and donates the state.
+  """
+  graphdef, params = transformer.create(config, 0)
+  optimizer = optax.adam(learning_rate)
+  update = step_lib.make_update_fn(
+      policy_graphdef=graphdef, critic_graphdef=None, policy_optimizer=optimizer,
+      critic_optimizer=None,
+      advantage_fn=functools.partial(estimators.get_estimator("grpo"), num_groups=batch // 4),
+      loss=step_lib.LossConfig(micro_batches=micro_batches), allowed=None,
+      max_actions=TURNS * actions_per_turn)
+  traj = jax.tree.map(jnp.asarray, random_batch(batch, length, config.vocab_size,
+                                                actions_per_turn))
+  state = types.ActorCriticState(step=jnp.zeros((), jnp.int32),
+                                 rng=jax.random.key_data(jax.random.key(0)),
+                                 policy_params=params, policy_opt_state=optimizer.init(params))
+  return update, state, traj
+
+
 def peak_rss_gb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
 
@@ -85,19 +107,8 @@ def main():
         f"{transformer.num_params(config):,} params; batch {args.batch} x {args.length} tokens, "
         f"{TURNS * args.actions_per_turn} action tokens per row; remat={args.remat} "
         f"micro_batches={args.micro_batches} dtype={args.dtype}", flush=True)
-  graphdef, params = transformer.create(config, 0)
-  optimizer = optax.adam(1e-5)
-  update = step_lib.make_update_fn(
-      policy_graphdef=graphdef, critic_graphdef=None, policy_optimizer=optimizer,
-      critic_optimizer=None,
-      advantage_fn=functools.partial(estimators.get_estimator("grpo"), num_groups=args.batch // 4),
-      loss=step_lib.LossConfig(micro_batches=args.micro_batches), allowed=None,
-      max_actions=TURNS * args.actions_per_turn)
-  traj = jax.tree.map(jnp.asarray, random_batch(args.batch, args.length, config.vocab_size,
-                                                args.actions_per_turn))
-  state = types.ActorCriticState(step=jnp.zeros((), jnp.int32),
-                                 rng=jax.random.key_data(jax.random.key(0)),
-                                 policy_params=params, policy_opt_state=optimizer.init(params))
+  update, state, traj = build_update(config, args.batch, args.length, args.actions_per_turn,
+                                     args.micro_batches)
   start = time.perf_counter()
   state, metrics = update(state, traj)  # the state is donated
   jax.block_until_ready(metrics)

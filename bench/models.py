@@ -102,10 +102,10 @@ def bench_generation(batch: int, prompt_len: int, new_tokens: int, repeats: int)
   print(f"  ratio ours / HF      {t_ref / t_ours:>12.2f}x  (target >= 3x)")
 
 
-def matmul_peak(n: int, repeats: int) -> float:
-  """Best float32 FLOP/s of an [n, n] @ [n, n] matmul."""
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+def matmul_peak(n: int, repeats: int, dtype=jnp.float32) -> float:
+  """Best FLOP/s of an [n, n] @ [n, n] matmul in `dtype` (float32 unless told)."""
+  a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+  b = jax.random.normal(jax.random.key(1), (n, n), dtype)
   mm = jax.jit(jnp.dot)
   return 2 * n ** 3 / best_time(lambda: mm(a, b), repeats)
 

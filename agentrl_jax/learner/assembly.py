@@ -205,7 +205,7 @@ def resolve(config: configs.TrainConfig, model, rollout: loop_lib.RolloutConfig,
                        f"{checkpoint_model.vocab_size} differs from the tokenizer's {tok.vocab_size}")
     # A binding agrees on the architecture; how it runs (remat, compute dtype) is its own.
     model = checkpoint_model if model is None else dataclasses.replace(
-        checkpoint_model, remat=model.remat, dtype=model.dtype)
+        checkpoint_model, remat=model.remat, dtype=model.dtype, attention=model.attention)
   model = dataclasses.replace(model or transformer.tiny(tok.vocab_size), vocab_size=tok.vocab_size)
   if config.restrict_to_action_words:
     if conversation is not None:

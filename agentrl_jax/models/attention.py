@@ -11,6 +11,10 @@ sequence, which is never sharded, so batch and head shardings pass through uncha
 The mask and the ALiBi term are the caller's: `allowed` [B, T, S] says which keys each query may
 read; `distance` [B, T, S] with `slopes` [KV, G] subtracts slope · distance from the scores. A
 query with no allowed key attends uniformly to all keys, as a softmax over equal scores does.
+
+`implementation` chooses the kernel: this blocked one, or `jax.nn.dot_product_attention` with
+XLA's or cuDNN's implementation (`resolve_implementation` says which "auto" takes where, and
+why). The three agree on every input, empty rows included (tests/models/test_attention_backends).
 """
 
 from __future__ import annotations
@@ -42,9 +46,46 @@ def default_block(length: int, batch: int = 1, heads: int = 1, keys: int | None 
   return min(length, block)
 
 
+IMPLEMENTATIONS = ("auto", "blocked", "xla", "cudnn")
+
+
+def resolve_implementation(name: str, dtype, alibi: bool, backend: str | None = None,
+                           shape: tuple[int, int, int] | None = None) -> str:
+  """The kernel `name` means here: "blocked", "xla" or "cudnn" (an explicit choice is kept).
+
+  "auto" is the blocked kernel on CPU, where it was measured fastest (module docstring) and where
+  it keeps every output as it was. Elsewhere it is `jax.nn.dot_product_attention`: cuDNN's flash
+  attention on GPU for bfloat16/float16 without ALiBi, XLA's otherwise. cuDNN computes in half
+  precision only, and takes an additive bias in the compute dtype: ALiBi's slope · distance in
+  bfloat16 keeps 8 significant bits (off by up to 0.5 at 0.5 · 500 = 250, a factor e^0.5 on that
+  key's weight), so ALiBi models stay on XLA's float32 scores. cuDNN also
+  refuses some shapes, so "auto" takes it only where it accepts the shape whether or not it is
+  differentiated: `shape` = (queries, keys, head_dim) with a head dim a multiple of 8 up to 128 and
+  even lengths (a boolean mask reaches cuDNN as a bias, and its backward with a bias wants them).
+
+  Args:
+    name: one of IMPLEMENTATIONS.
+    dtype: the compute dtype of queries, keys and values.
+    alibi: whether the scores carry an ALiBi bias.
+    backend: `jax.default_backend()` if None; passed in by tests.
+    shape: (T, S, D) of the call; None: a shape cuDNN accepts.
+  """
+  if name not in IMPLEMENTATIONS:
+    raise ValueError(f"attention implementation must be one of {IMPLEMENTATIONS}, got {name!r}")
+  if name != "auto":
+    return name
+  backend = jax.default_backend() if backend is None else backend
+  if backend == "cpu":
+    return "blocked"
+  t, s, d = (2, 2, 64) if shape is None else shape
+  fits = d % 8 == 0 and d <= 128 and t % 2 == 0 and s % 2 == 0
+  half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+  return "cudnn" if backend in ("gpu", "cuda") and half and not alibi and fits else "xla"
+
+
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
            distance: jax.Array | None = None, slopes: jax.Array | None = None,
-           block: int | None = None) -> jax.Array:
+           block: int | None = None, implementation: str = "blocked") -> jax.Array:
   """softmax(q·kᵀ/√D − slope·distance, masked) · v for every query.
 
   Args:
@@ -52,12 +93,18 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
     k, v: [B, KV, S, D] keys and values, heads-major (the KV cache's layout).
     allowed: [B, T, S] bool, which keys each query may attend to.
     distance, slopes: ALiBi, [B, T, S] and [KV, G], or both None.
-    block: queries per scan step (None: `default_block`).
+    block: queries per scan step (None: `default_block`); the blocked kernel only.
+    implementation: "blocked" (this module's kernel), "xla" or "cudnn"
+      (`jax.nn.dot_product_attention`); "auto" goes through `resolve_implementation`.
   Returns:
     [B, T, KV, G, D] in q's dtype.
   """
   if (distance is None) != (slopes is None):
     raise ValueError("attend needs both distance and slopes for ALiBi, or neither")
+  implementation = resolve_implementation(implementation, q.dtype, distance is not None,
+                                          shape=(q.shape[1], k.shape[2], q.shape[-1]))
+  if implementation != "blocked":
+    return _dot_product(q, k, v, allowed, distance, slopes, implementation)
   t = q.shape[1]
   if block is None:
     block = default_block(t, q.shape[0], q.shape[2] * q.shape[3], k.shape[2])
@@ -67,6 +114,30 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
   if distance is not None:
     distance, slopes = distance.astype(jnp.float32), slopes.astype(jnp.float32)
   return _attend(q, k, v, allowed, distance, slopes, block)
+
+
+def _dot_product(q, k, v, allowed, distance, slopes, implementation):
+  """`attend` through `jax.nn.dot_product_attention` (GQA: query head kv·G + g reads kv head kv).
+
+  A query with no allowed key gets a zero query, every key allowed and no bias: equal scores, so it
+  attends uniformly, as in the blocked kernel, and its query gets no gradient there either (its
+  keys none: q = 0). jax.nn's XLA path would give the same from its large negative fill; cuDNN's
+  treatment of an empty row is its own, and one path for both is the one tested on CPU.
+  """
+  b, t, kv, g, d = q.shape
+  empty = ~jnp.any(allowed, axis=-1)  # [B, T]
+  query = jnp.where(empty[:, :, None, None, None], 0, q).reshape(b, t, kv * g, d)
+  mask = (allowed | empty[:, :, None])[:, None]  # [B, 1, T, S]: every head
+  bias = None
+  if distance is not None:
+    bias = -slopes.astype(jnp.float32).reshape(-1)[None, :, None, None] * (
+        distance.astype(jnp.float32)[:, None])  # [B, N, T, S]
+    bias = jnp.where(empty[:, None, :, None], 0.0, bias)
+    if implementation == "cudnn":  # cuDNN takes the bias in the compute dtype
+      bias = bias.astype(q.dtype)
+  out = jax.nn.dot_product_attention(query, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), bias,
+                                     mask, implementation=implementation)
+  return out.reshape(q.shape)
 
 
 def _to_blocks(x: jax.Array, block: int, fill, axis: int = 1) -> jax.Array:

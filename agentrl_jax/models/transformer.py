@@ -67,6 +67,10 @@ class TransformerConfig:
   # Compute dtype of activations and matmuls; parameters stay float32, and the logits (head),
   # norms, RoPE and attention scores accumulate in float32.
   dtype: Literal["float32", "bfloat16"] = "float32"
+  # Attention kernel (`models/attention.py`): 'auto' is the blocked kernel on CPU (as before) and
+  # jax.nn.dot_product_attention elsewhere, cuDNN's where it applies (`resolve_implementation`).
+  # How the model runs, not its architecture: a checkpoint's config takes the bound model's.
+  attention: Literal["auto", "blocked", "xla", "cudnn"] = "auto"
 
   def __post_init__(self):
     config_errors.check_field_types(self)
@@ -74,6 +78,9 @@ class TransformerConfig:
       raise ValueError(f"TransformerConfig.remat must be 'none' or 'layer', got {self.remat!r}")
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"TransformerConfig.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+    if self.attention not in attention.IMPLEMENTATIONS:
+      raise ValueError(f"TransformerConfig.attention must be one of {attention.IMPLEMENTATIONS}, "
+                       f"got {self.attention!r}")
     for name in ("vocab_size", "num_layers", "d_model", "num_heads", "max_turns", "max_slots"):
       if getattr(self, name) <= 0:
         raise ValueError(f"TransformerConfig.{name} must be positive, got {getattr(self, name)}")
@@ -421,7 +428,8 @@ class Attention(nnx.Module):
     if pos.floor is not None:
       allowed = allowed & (key_pos[:, None, :] >= pos.floor[:, :, None])
     alibi = (distance, alibi_slopes(c.num_heads).reshape(c.kv_heads, group)) if c.alibi else (None, None)
-    out = attention.attend(qg, keys.astype(q.dtype), values.astype(q.dtype), allowed, *alibi)
+    out = attention.attend(qg, keys.astype(q.dtype), values.astype(q.dtype), allowed, *alibi,
+                           implementation=c.attention)
     out = out.reshape(out.shape[0], out.shape[1], c.num_heads, c.dim_per_head)
     return dense(out, self.wo[...], contract=2), new_cache
 
