@@ -115,12 +115,15 @@ class WarmStartConfig:
     expert_noise: probability that a demonstrated action is replaced by a random one, so the
       demonstrations visit the states a learner's mistakes lead to.
     learning_rate: constant SFT learning rate.
+    micro_batches: slices of the demonstration batch whose gradients are accumulated one at a
+      time (the step is the whole batch's; peak memory is one slice's activations).
   """
 
   iterations: int = 0
   episodes_per_iteration: int = 128
   expert_noise: float = 0.3
   learning_rate: float = 1e-3
+  micro_batches: int = 1
 
   def __post_init__(self):
     config_errors.check_field_types(self)
@@ -129,6 +132,10 @@ class WarmStartConfig:
                        f"{self.iterations}, {self.episodes_per_iteration}")
     if not 0 <= self.expert_noise <= 1:
       raise ValueError(f"WarmStartConfig.expert_noise must be in [0, 1], got {self.expert_noise}")
+    if self.micro_batches < 1 or self.episodes_per_iteration % self.micro_batches:
+      raise ValueError(f"WarmStartConfig.micro_batches must be >= 1 and divide "
+                       f"episodes_per_iteration={self.episodes_per_iteration}, got "
+                       f"{self.micro_batches}")
 
 
 @config_errors.config_class
@@ -146,6 +153,8 @@ class EvalConfig:
     batch_size: episodes played at once (None: a process's whole share). The KV cache is
       batch x capacity, so a large model evaluates in batches; the figures do not depend on it
       (each episode keeps its global row's sampling key).
+    before: evaluate before any training. Off where that figure is already known and a large
+      model's evaluation is the dearest part of a run.
   """
 
   every: int = 50
@@ -155,6 +164,7 @@ class EvalConfig:
   seed_offset: int = 1_000_000_000
   env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
   batch_size: int | None = None
+  before: bool = True
 
   def __post_init__(self):
     config_errors.check_field_types(self)

@@ -312,6 +312,7 @@ def train(workdir: str, *, config: configs.TrainConfig = configs.TrainConfig(),
   outcome = driver.run(
       workdir, run.method, run.state, schedule=run.schedule, evaluate=run.evaluate,
       writer=writer, warm_start=warm, stateful=run.stateful, hooks=hooks,
+      evaluate_before=run.evaluation.before,
       hook_context=dict(workdir=workdir, tokenizer=run.tokenizer,
                         env_name=run.method.env_name, writer=writer,
                         pipeline=run.own_pipeline))

@@ -395,23 +395,42 @@ def make_update_fn(
 
 
 def make_sft_fn(*, policy_graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
-                allowed: jax.Array | None, temperature: float = 1.0, max_actions: int):
+                allowed: jax.Array | None, temperature: float = 1.0, max_actions: int,
+                micro_batches: int = 1):
   """Jitted behaviour-cloning step on action tokens (warm start from scripted demonstrations).
 
   Returns `sft(params, opt_state, traj) -> (params, opt_state, metrics)`; the loss is the
   token-mean negative log-likelihood of the demonstrated action tokens under the same
-  restricted policy the sampler uses.
+  restricted policy the sampler uses. With `micro_batches > 1` the gradient is accumulated
+  over that many equal slices of rows, each weighed by its share of the batch's action tokens,
+  so the step is the whole batch's step while only one slice's activations are alive.
   """
 
-  def nll(params, traj):
-    positions = distribution.trajectory_positions(traj)
-    view = distribution.action_view(traj.action_mask, max_actions)
-    logp, _ = distribution.action_log_probs(policy_graphdef, params, traj.tokens, positions, view, allowed,
-                               temperature)
-    return -policy_loss.aggregate(logp, view.valid, "token-mean")
+  def nll(params, traj, positions, view, share):
+    logp, _ = distribution.action_log_probs(policy_graphdef, params, traj.tokens, positions, view,
+                                            allowed, temperature)
+    return _scaled(-policy_loss.aggregate(logp, view.valid, "token-mean"), share), {}
 
   def sft(params, opt_state, traj):
-    value, grads = jax.value_and_grad(nll)(params, traj)
+    chex.assert_rank(traj.tokens, 2)
+    b = traj.tokens.shape[0]
+    if b % micro_batches:
+      raise ValueError(f"behaviour cloning: a batch of {b} demonstrations is not divisible into "
+                       f"WarmStartConfig.micro_batches={micro_batches}")
+    positions = distribution.trajectory_positions(traj)
+    view = distribution.action_view(traj.action_mask, max_actions)
+    if micro_batches == 1:
+      (value, _), grads = jax.value_and_grad(nll, has_aux=True)(params, traj, positions, view, None)
+    else:
+      rows = b // micro_batches
+
+      def micro_args(j):
+        sub = lambda x: jax.lax.dynamic_slice_in_dim(x, j * rows, rows, axis=0)
+        sub_view = jax.tree.map(sub, view)
+        return (jax.tree.map(sub, traj), jax.tree.map(sub, positions), sub_view,
+                micro_batch_share(sub_view.valid, view.valid, "token-mean"))
+
+      (value, _), grads, _ = _summed_value_and_grad(nll, params, micro_args, micro_batches)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, {"sft/nll": value}
 

@@ -7,6 +7,8 @@ on several hosts clones the same demonstrations as one host.
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -24,7 +26,8 @@ def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_en
   """Behaviour cloning on noisy scripted-expert episodes; returns the state with new policy params."""
   optimizer = optax.adam(warm_start.learning_rate)
   sft = step_lib.make_sft_fn(policy_graphdef=graphdef, optimizer=optimizer, allowed=allowed,
-                             temperature=temperature, max_actions=assembly.max_actions(rollout))
+                             temperature=temperature, max_actions=assembly.max_actions(rollout),
+                             micro_batches=warm_start.micro_batches)
   demo_runner = loop_lib.RolloutRunner(graphdef, model, tok, rollout, conversation)
   actor = loop_lib.noisy_expert(warm_start.expert_noise)
   params, opt_state = state.policy_params, optimizer.init(state.policy_params)
@@ -40,5 +43,7 @@ def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_en
     params, opt_state, m = sft(params, opt_state, batches.global_batch(traj, device_mesh))
     if (i + 1) % 10 == 0 or i + 1 == warm_start.iterations:
       writer.write(0, {"warm_start/nll": float(m["sft/nll"]), "warm_start/iteration": i + 1})
+  # The KL reference is the cloned policy, in buffers of its own: the update donates the state,
+  # and one buffer donated as two arguments is refused.
   return state.replace(policy_params=params,
-                       ref_params=params if state.ref_params is not None else None)
+                       ref_params=None if state.ref_params is None else jax.tree.map(jnp.copy, params))

@@ -111,3 +111,27 @@ def test_micro_batches_must_divide_the_minibatch():
     update(state, _traj())
   with pytest.raises(ValueError, match="micro_batches"):
     step_lib.LossConfig(micro_batches=0)
+
+
+def _sft(micro_batches: int):
+  cfg = tfm.tiny(V, d_model=16, num_heads=2, mlp_dim=32)
+  graphdef, params = tfm.create(cfg, seed=0)
+  opt = optax.sgd(0.5)
+  sft = step_lib.make_sft_fn(policy_graphdef=graphdef, optimizer=opt, allowed=None,
+                             max_actions=6, micro_batches=micro_batches)
+  initial = jax.device_get(params)  # the step donates its inputs
+  return initial, *sft(params, opt.init(params), _traj())
+
+
+def test_micro_batched_behaviour_cloning_is_the_whole_batch_step():
+  initial, whole, _, whole_metrics = _sft(1)
+  _, sliced, _, sliced_metrics = _sft(4)
+  np.testing.assert_allclose(sliced_metrics["sft/nll"], whole_metrics["sft/nll"], rtol=1e-5)
+  assert float(whole_metrics["sft/nll"]) > 1.0  # an untrained policy's NLL, not a zero
+  moved = False
+  for a, b, x in zip(jax.tree.leaves(whole), jax.tree.leaves(sliced), jax.tree.leaves(initial)):
+    np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-5)
+    moved |= not np.allclose(a, x)
+  assert moved
+  with pytest.raises(ValueError, match="micro_batches=3"):
+    _sft(3)

@@ -1,0 +1,53 @@
+"""The behaviour-cloning warm start hands RL a cloned policy, and with a KL term its own reference."""
+
+import jax
+import numpy as np
+
+from agentrl_jax.learner import configs
+from agentrl_jax.learner import learner
+from agentrl_jax.learner import metrics as metrics_lib
+from agentrl_jax.learner import step as step_lib
+from agentrl_jax.models import transformer
+from agentrl_jax.rollout import loop as loop_lib
+from agentrl_jax.rollout import sampler as sampler_lib
+
+
+def _build():
+  return learner.build(
+      config=configs.TrainConfig(env_name="dd_chain", env_kwargs={"horizon": 4, "num_decisions": 2},
+                                 num_iterations=2, tasks_per_iteration=2, group_size=2),
+      model=transformer.TransformerConfig(vocab_size=1, num_layers=1, d_model=32, num_heads=4,
+                                          mlp_dim=64, max_turns=8),
+      rollout=loop_lib.RolloutConfig(max_turns=4, max_len=128, obs_buckets=(32,),
+                                     sampling=sampler_lib.SamplingConfig()),
+      # The entropy bonus moves the policy even when every reward of the tiny batch is 0.
+      loss=step_lib.LossConfig(kl_coef=0.1, micro_batches=2, entropy_coef=0.1),
+      optim=configs.OptimConfig(learning_rate=3e-2),
+      warm_start=configs.WarmStartConfig(iterations=2, episodes_per_iteration=8, micro_batches=2,
+                                         learning_rate=3e-2),
+      evaluation=configs.EvalConfig(every=100, num_tasks=2, pass_k=0))
+
+
+def _leaves(params):
+  return [np.asarray(x) for x in jax.tree.leaves(params)]
+
+
+def test_kl_reference_is_the_cloned_policy_and_rl_updates_run_after_it(tmp_path):
+  run = _build()
+  try:
+    initial = _leaves(run.state.policy_params)  # the warm start donates the state's buffers
+    writer = metrics_lib.MetricsWriter(str(tmp_path), process_index=0)
+    state = run.warm_start(run.state, writer)
+    writer.close()
+    cloned = _leaves(state.policy_params)
+    assert any(not np.array_equal(a, b) for a, b in zip(cloned, initial))
+    for ref, policy in zip(_leaves(state.ref_params), cloned):
+      np.testing.assert_array_equal(ref, policy)
+    # The update donates the state: a reference sharing the policy's buffers would be refused.
+    state, metrics, _ = run.method.iteration(state, 0)
+    assert np.isfinite(metrics["loss/kl"])
+    for ref, before in zip(_leaves(state.ref_params), cloned):
+      np.testing.assert_array_equal(ref, before)  # the reference stays the cloned policy
+    assert any(not np.array_equal(a, b) for a, b in zip(_leaves(state.policy_params), cloned))
+  finally:
+    run.method.close()
