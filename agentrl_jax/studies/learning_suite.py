@@ -44,16 +44,28 @@ class EnvRun:
       rows, the gin file's stem for the method rows.
     gin_file: the config under `experiments/configs/`.
     bindings: gin bindings applied after the file (the suite's size of it).
+    prepare: a script under the repository and its flags, run once per (env, seed) before the
+      launch: what the config reads and no earlier command wrote (DeltaTTG's frozen meter).
+      In `bindings` and `prepare`, `{workdir}` is the run's directory and `{seed}` its seed.
   """
 
   env: str
   gin_file: str
   bindings: tuple[str, ...] = ()
+  prepare: tuple[str, ...] = ()
 
   def argv(self, seed: int, workdir: str) -> list[str]:
+    bindings = (*NO_HOOKS, *self.bindings, f"configs.TrainConfig.seed = {seed}")
     return [f"--gin_file={CONFIGS / self.gin_file}", f"--workdir={workdir}",
-            *(f"--gin_bindings={b}" for b in (*NO_HOOKS, *self.bindings,
-                                               f"configs.TrainConfig.seed = {seed}"))]
+            *(f"--gin_bindings={_fill(b, seed, workdir)}" for b in bindings)]
+
+  def prepare_argv(self, seed: int, workdir: str) -> list[str]:
+    return [_fill(a, seed, workdir) for a in self.prepare]
+
+
+def _fill(text: str, seed: int, workdir: str) -> str:
+  # Not str.format: gin bindings hold dict literals whose braces are not fields.
+  return text.replace("{workdir}", str(workdir)).replace("{seed}", str(seed))
 
 
 # Full size: each run fits well inside 20 minutes on 2 CPU cores.
@@ -72,8 +84,14 @@ METHOD_CONFIGS = (
     "dr_grpo_frozenlake", "gagpo_frozenlake", "gca_search_qa", "t1_terminal", "progress_sql",
     "socialrl_dialogue")
 GRPO_BUDGETS = (30, 50, 200, 300)  # 100 iterations is the frozenlake env row itself
+# DeltaTTG reads a frozen progress meter: the suite trains one per run, in the run's directory.
+_DELTATTG = dict(prepare=("experiments/train_deltattg_meter.py", "--out={workdir}/meter.npz",
+                          "--seed={seed}"),
+                 bindings=("deltattg.DeltaTTG.meter_path = '{workdir}/meter.npz'",))
+_PREPARED = {"deltattg_frozenlake": _DELTATTG}
 METHODS: tuple[EnvRun, ...] = (
-    *(EnvRun(env=name, gin_file=f"{name}.gin") for name in METHOD_CONFIGS),
+    *(EnvRun(env=name, gin_file=f"{name}.gin", **_PREPARED.get(name, {}))
+      for name in METHOD_CONFIGS),
     *(EnvRun(env=f"grpo_frozenlake_{n}", gin_file="quickstart.gin",
              bindings=(f"configs.TrainConfig.num_iterations = {n}",)) for n in GRPO_BUDGETS),
 )
@@ -86,6 +104,23 @@ SMALL: tuple[EnvRun, ...] = (
         "configs.WarmStartConfig.episodes_per_iteration = 8", "configs.EvalConfig.num_tasks = 8",
         "configs.EvalConfig.every = 1", "configs.EvalConfig.pass_k = 0")),
 )
+
+
+# Tiny size: one iteration of two groups of two, two held-out tasks; a method config's gin switch
+# shown to run end to end in the default test suite, not its learning.
+TINY_BINDINGS = (
+    "configs.TrainConfig.num_iterations = 1", "configs.TrainConfig.tasks_per_iteration = 2",
+    "configs.TrainConfig.group_size = 2", "configs.TrainConfig.checkpoint_every = 1",
+    "configs.WarmStartConfig.iterations = 0", "configs.EvalConfig.num_tasks = 2",
+    "configs.EvalConfig.every = 1", "configs.EvalConfig.pass_k = 0")
+# The meter script at tiny size (argparse keeps a flag's last value).
+TINY_PREPARE_FLAGS = ("--episodes_per_policy=8", "--steps=5", "--batch_size=8")
+
+
+def tiny(spec: EnvRun) -> EnvRun:
+  """`spec` at tiny size."""
+  return dataclasses.replace(spec, bindings=(*spec.bindings, *TINY_BINDINGS),
+                             prepare=(*spec.prepare, *TINY_PREPARE_FLAGS) if spec.prepare else ())
 
 
 def workdir_of(runs_dir: str | os.PathLike[str], env: str, seed: int) -> pathlib.Path:
@@ -128,20 +163,29 @@ def run_one(spec: EnvRun, seed: int, runs_dir: str | os.PathLike[str], *,
   if done.exists():
     return json.loads(done.read_text())
   workdir.mkdir(parents=True, exist_ok=True)
-  argv = spec.argv(seed, str(workdir))
   start = time.perf_counter()
-  with open(workdir / "suite_log.txt", "a", encoding="utf-8") as out:
-    process = subprocess.run([sys.executable, str(RUN_PY), *argv], stdout=out,
-                             stderr=subprocess.STDOUT, cwd=REPO, check=False)
-  if process.returncode != 0:
-    raise RuntimeError(f"{spec.env} seed {seed}: run.py exited with {process.returncode}; see "
-                       f"{workdir / 'suite_log.txt'}")
+  prepared = workdir / "prepared"
+  if spec.prepare and not prepared.exists():
+    _launch(spec, seed, workdir, spec.prepare_argv(seed, str(workdir)))
+    prepared.touch()
+  _launch(spec, seed, workdir, [str(RUN_PY), *spec.argv(seed, str(workdir))])
   result = {**read_run(workdir), "env": spec.env, "seed": seed, "gin_file": spec.gin_file,
             "bindings": list(spec.bindings), "wall_s": time.perf_counter() - start}
   done.write_text(json.dumps(result, indent=1))
   log(f"{spec.env} seed {seed}: before {result['before']:.3f}, warm start "
       f"{result['warm_start']}, after {result['after']:.3f} ({result['wall_s']:.0f} s)")
   return result
+
+
+def _launch(spec: EnvRun, seed: int, workdir: pathlib.Path, argv: Sequence[str]) -> None:
+  """Runs `python argv...` from the repository root, its output appended to the run's log."""
+  log_file = workdir / "suite_log.txt"
+  with open(log_file, "a", encoding="utf-8") as out:
+    process = subprocess.run([sys.executable, *argv], stdout=out, stderr=subprocess.STDOUT,
+                             cwd=REPO, check=False)
+  if process.returncode != 0:
+    raise RuntimeError(f"{spec.env} seed {seed}: {pathlib.Path(argv[0]).name} exited with "
+                       f"{process.returncode}; see {log_file}")
 
 
 def interval(values: Sequence[float | None]) -> dict[str, Any] | None:
