@@ -169,7 +169,9 @@ fig.suptitle(f"Tiny transformer on DD-Chain T={SPEC.horizon}, G={SPEC.group_size
              f"N_b={SPEC.num_groups}" + (" (SMALL)" if SMALL else ""))
 fig.tight_layout()
 (OUTPUT_DIR / "figures").mkdir(parents=True, exist_ok=True)
-figure_path = OUTPUT_DIR / "figures" / "transformer_snr.png"
+# Seed 0 made the committed figure and record; other seeds write beside them under their own name.
+TAG = "" if SEED == 0 else f"_seed{SEED}"
+figure_path = OUTPUT_DIR / "figures" / f"transformer_snr{TAG}.png"
 fig.savefig(figure_path, dpi=110)
 print("wrote", figure_path)
 
@@ -178,9 +180,29 @@ result.update(small=SMALL, seed=SEED, runtime_s=elapsed)
 result["goal"] = {"slope_range": [-0.6, -0.4], "min_r2": 0.95,
                   "met": bool(-0.6 <= analysis.slope[0] <= -0.4 and analysis.r2[0] >= 0.95)}
 (OUTPUT_DIR / "results").mkdir(parents=True, exist_ok=True)
-results_path = OUTPUT_DIR / "results" / "transformer_snr.json"
+results_path = OUTPUT_DIR / "results" / f"transformer_snr{TAG}.json"
 results_path.write_text(json.dumps(result, indent=2))
 print("wrote", results_path)
+
+# %% [markdown]
+# ## Across seeds
+#
+# Every record of this size in the results folder (one per seed: `STUDY_SEED=k`), pooled: each
+# seed's slope, their mean with a 95% t-interval over seeds, and the fit of the geometric-mean
+# ratio over seeds.
+
+# %%
+paths = [OUTPUT_DIR / "results" / "transformer_snr.json",
+         *sorted((OUTPUT_DIR / "results").glob("transformer_snr_seed[0-9]*.json"))]
+records = [json.loads(p.read_text()) for p in paths if p.exists()]
+records = [r for r in records if r.get("small") == SMALL and r["spec"]["horizon"] == SPEC.horizon]
+seeds = ts.across_seeds(records)
+for name, e in seeds["estimators"].items():
+  fit = e["pooled_fit"]
+  print(f"{name:8s} seeds {seeds['seeds']}: slopes {e['slopes']}, mean {e['slope_mean']} "
+        f"95% CI {e['slope_ci']}; geometric-mean ratio fit: "
+        + (f"slope {fit['slope']:+.3f}, R² {fit['r2']:.3f}" if fit else "none"))
+(OUTPUT_DIR / "results" / "transformer_snr_seeds.json").write_text(json.dumps(seeds, indent=2))
 
 # %% [markdown]
 # ## Checks

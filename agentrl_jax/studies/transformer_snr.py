@@ -747,3 +747,41 @@ def _json_ready(x):
   if isinstance(x, float) and not np.isfinite(x):
     return None
   return x
+
+
+def across_seeds(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+  """Pools `summary` records of the same study at several seeds (model init and sampling).
+
+  Per estimator: each seed's slope, their mean with a 95% Student-t interval over seeds, and the
+  log-log fit of the geometric-mean ratio over seeds (its slope and R²: the law's shape once the
+  per-seed noise is averaged). A density where some seed's ratio is 0 or undefined (a critic that
+  found no decision turn) leaves that estimator's pooled fit out at that density.
+
+  Raises:
+    ValueError: fewer than one record, or records of different densities.
+  """
+  if not results:
+    raise ValueError("across_seeds needs at least one study record")
+  rho = np.asarray(results[0]["densities"], np.float64)
+  for r in results:
+    if not np.array_equal(np.asarray(r["densities"], np.float64), rho):
+      raise ValueError(f"records of different densities: {r['densities']} vs {rho.tolist()}")
+  pooled = {}
+  for name in ESTIMATORS[1:]:
+    slopes = np.asarray([np.nan if r["estimators"][name]["slope"] is None
+                         else r["estimators"][name]["slope"] for r in results], np.float64)
+    ratios = np.asarray([[np.nan if x is None else x for x in r["estimators"][name]["ratio"]]
+                         for r in results], np.float64)
+    mean, low, high = fits.mean_confidence_band(slopes[:, None])
+    keep = np.all(ratios > 0, axis=0)  # NaN compares False
+    fit = (fits.loglog_fit(rho[keep], np.exp(np.mean(np.log(ratios[:, keep]), axis=0)))
+           if keep.sum() >= 2 else None)
+    pooled[name] = {
+        "slopes": slopes.tolist(), "slope_mean": float(mean[0]),
+        "slope_ci": [float(low[0]), float(high[0])],
+        "geometric_mean_ratio": np.exp(np.mean(np.log(np.where(ratios > 0, ratios, np.nan)),
+                                               axis=0)).tolist(),
+        "pooled_fit": None if fit is None else {"slope": float(fit.slope), "r2": float(fit.r2),
+                                                "densities": rho[keep].tolist()}}
+  return _json_ready({"seeds": [r["seed"] for r in results], "densities": rho.tolist(),
+                      "predicted_ratio": (rho ** -0.5).tolist(), "estimators": pooled})

@@ -183,3 +183,29 @@ def test_measure_resumes_from_its_cache_and_refuses_another_spec(run_and_params,
   with pytest.raises(ValueError, match="another spec"):
     ts.measure(dataclasses.replace(spec, num_groups=3), cache_dir=str(tmp_path),
                built=run_and_params)
+
+
+def _record(seed, slope_oracle, ratios_oracle, ratios_learned):
+  est = lambda s, r: {"slope": s, "ratio": r}
+  return {"seed": seed, "densities": [0.25, 0.5, 1.0],
+          "estimators": {"oracle": est(slope_oracle, ratios_oracle),
+                         "learned": est(None, ratios_learned)}}
+
+
+def test_across_seeds_pools_slopes_and_geometric_mean_ratios():
+  records = [_record(0, -0.4, [2.0, 1.5, 1.0], [0.0, 1.2, 1.0]),
+             _record(1, -0.6, [8.0, 1.5, 1.0], [3.0, 1.4, 1.0])]
+  got = ts.across_seeds(records)
+  oracle = got["estimators"]["oracle"]
+  assert oracle["slope_mean"] == pytest.approx(-0.5)
+  half = 12.706 * np.std([-0.4, -0.6], ddof=1) / np.sqrt(2)  # t_{0.975, 1}
+  assert oracle["slope_ci"] == pytest.approx([-0.5 - half, -0.5 + half], rel=1e-3)
+  np.testing.assert_allclose(oracle["geometric_mean_ratio"], [4.0, 1.5, 1.0])
+  expected = np.polyfit(np.log([0.25, 0.5, 1.0]), np.log([4.0, 1.5, 1.0]), 1)[0]
+  assert oracle["pooled_fit"]["slope"] == pytest.approx(expected)
+  learned = got["estimators"]["learned"]
+  # Seed 0's learned critic found nothing at rho = 1/4: that density leaves the pooled fit.
+  assert learned["pooled_fit"]["densities"] == [0.5, 1.0]
+  assert learned["slope_mean"] is None  # undefined slopes make the mean undefined, not 0
+  with pytest.raises(ValueError, match="different densities"):
+    ts.across_seeds([records[0], {**records[1], "densities": [0.5, 1.0]}])
