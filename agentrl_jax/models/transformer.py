@@ -474,8 +474,28 @@ def _block(block: Block, x, pos, layer_cache, cache_length, replay):
   return block(x, pos, layer_cache, cache_length, replay)
 
 
-# Saves the layer's inputs only; the backward reruns the layer to get its intermediates.
-_checkpointed_block = nnx.remat(_block)
+def _layer_scan(blocks, x, pos, routing):
+  """All layers as one `lax.scan` over their stacked parameters, each step rematerialised.
+
+  The backward of a scan runs one step at a time, so what stays alive is each layer's input
+  (`[B, T, D]` per layer) and one layer's intermediates. Layers called one after another under
+  `jax.checkpoint` do not get this on every backend: XLA:CPU keeps all their intermediates
+  alive at once (measured: the same temporary memory with and without the checkpoint). The
+  stacked copy of the parameters costs one model's size for the pass.
+
+  Returns (hidden states, the experts every MoE layer used [B, T, layers, k] or None).
+  """
+  graphdef = nnx.graphdef(blocks[0])
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(b) for b in blocks])
+  replay = None if routing is None else jnp.moveaxis(routing, 2, 0)
+
+  def layer(x, inputs):
+    state, layer_replay = inputs
+    y, _, used = nnx.merge(graphdef, state)(x, pos, None, None, layer_replay)
+    return y, used
+
+  x, experts = jax.lax.scan(jax.checkpoint(layer), x, (stacked, replay))
+  return x, None if experts is None else jnp.moveaxis(experts, 0, 2)
 
 
 class Transformer(nnx.Module):
@@ -548,13 +568,16 @@ class Transformer(nnx.Module):
     if routing is not None and not self.config.num_experts:
       raise ValueError("routing replay was given to a dense model (num_experts=0)")
     x = self.embed_tokens(tokens, pos).astype(self.config.compute_dtype)
-    new_k, new_v, experts = [], [], []
     # Only a full pass is differentiated (the learner); a cached pass (sampling) never is.
-    call = _checkpointed_block if cache is None and self.config.remat == "layer" else _block
+    if cache is None and self.config.remat == "layer":
+      x, experts = _layer_scan(self.blocks, x, pos, routing)
+      return self.final_norm(x), None, experts
+    new_k, new_v, experts = [], [], []
     for i, block in enumerate(self.blocks):
       layer_cache = None if cache is None else (cache.k[i], cache.v[i])
-      x, layer_new, used = call(block, x, pos, layer_cache, None if cache is None else cache.length,
-                                None if routing is None else routing[:, :, i])
+      x, layer_new, used = _block(block, x, pos, layer_cache,
+                                  None if cache is None else cache.length,
+                                  None if routing is None else routing[:, :, i])
       if layer_new is not None:
         new_k.append(layer_new[0])
         new_v.append(layer_new[1])
