@@ -61,8 +61,9 @@ class TransformerConfig:
   num_experts: int = 0
   experts_per_token: int = 2
   # 'layer': a full forward pass (the learner's) keeps only each decoder layer's input for the
-  # backward and recomputes the layer's inside (jax.checkpoint): activation memory falls from
-  # every layer's intermediates to one layer's, for a second forward of compute.
+  # backward and recomputes the layer's inside (a checkpointed scan over the layers,
+  # `_layer_scan`): activation memory falls from every layer's intermediates to one layer's,
+  # for a second forward of compute and a stacked copy of the layer weights.
   remat: Literal["none", "layer"] = "none"
   # Compute dtype of activations and matmuls; parameters stay float32, and the logits (head),
   # norms, RoPE and attention scores accumulate in float32.
