@@ -52,6 +52,7 @@
 # and GRPO + curiosity equals GRPO there up to sampling.
 
 # %%
+import dataclasses
 import json
 import os
 import pathlib
@@ -88,11 +89,17 @@ if SMALL:
           "frozenlake": ["grpo", "grpo_curiosity"]}
 elif os.environ.get("STUDY_SET") == "benchmark":
   # The credit benchmark: low decision densities and longer horizons, five seeds, equal
-  # environment steps (the same episodes per iteration and iterations for every method).
-  SPEC = cc.ComparisonSpec(num_iterations=50, tasks_per_iteration=8, group_size=8)
+  # environment steps within a setting (the same episodes per iteration and iterations for every
+  # method). Every method solves a T = 32 chain within about 10 iterations at this learning rate
+  # (measured: GRPO, GiGPO, MT-GRPO and PPO-GAE reach 0.9 training success at iteration 7-8 at
+  # m = 8), so 20 iterations cover the part where speed can differ; 6x6 FrozenLake keeps 50.
+  SPEC = cc.ComparisonSpec(num_iterations=20, tasks_per_iteration=8, group_size=8)
   SEEDS = [0, 1, 2, 3, 4]
-  PLAN = {setting: [m.name for m in cc.METHODS if cc.applies(m, setting)]
-          for setting in cc.BENCHMARK_SETTINGS}
+  settings = os.environ.get("STUDY_SETTINGS", ",".join(cc.BENCHMARK_SETTINGS)).split(",")
+  unknown = sorted(set(settings) - set(cc.BENCHMARK_SETTINGS))
+  if unknown:
+    raise ValueError(f"STUDY_SETTINGS names {unknown}; the benchmark's are {cc.BENCHMARK_SETTINGS}")
+  PLAN = {setting: [m.name for m in cc.METHODS if cc.applies(m, setting)] for setting in settings}
 else:
   SPEC = cc.ComparisonSpec(num_iterations=50, tasks_per_iteration=8, group_size=8)
   SEEDS = [0, 1, 2]
@@ -101,20 +108,58 @@ METHODS = {m.name: m for m in cc.METHODS}
 # The benchmark writes its figure and results under its own name, beside the comparison's.
 BENCHMARK = os.environ.get("STUDY_SET") == "benchmark" and not SMALL
 NAME = "credit_benchmark" if BENCHMARK else "credit_comparison"
+
+
+def spec_for(env):
+  if BENCHMARK and env == "frozenlake_6x6":
+    return dataclasses.replace(SPEC, num_iterations=50)
+  return SPEC
+
+
+SPECS = {env: spec_for(env) for env in PLAN}
+RESULTS_PATH = OUTPUT_DIR / "results" / f"{NAME}.json"
 print(f"SMALL={SMALL}  spec={SPEC}  seeds={SEEDS}  runs in {RUNS_DIR}  devices={jax.devices()}")
 
 # %% [markdown]
 # ## Train every (env, method, seed)
+#
+# The results JSON is rewritten after every run and its runs are read back on the next start (where
+# the setting's spec is unchanged), so the study can be finished in parts, on other machines too.
 
 # %%
+def spec_record(spec):
+  return {f: getattr(spec, f) for f in spec.__dataclass_fields__}
+
+
+saved = json.loads(RESULTS_PATH.read_text()) if RESULTS_PATH.exists() else {}
+done = {(r["env"], r["method"], r["seed"]): cc.result_from_record(r)
+        for r in saved.get("runs", [])
+        if saved.get("specs", {}).get(r["env"]) == spec_record(spec_for(r["env"]))}
+print(f"{len(done)} runs read back from {RESULTS_PATH}")
+
+
+def save_runs(results, extra=None):
+  RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
+  kept = [r for key, r in done.items() if key[0] not in PLAN]  # other settings' finished runs
+  payload = {"small": SMALL, "seeds": SEEDS, "plan": PLAN,
+             "specs": {**saved.get("specs", {}), **{e: spec_record(s) for e, s in SPECS.items()}},
+             **(extra or {}), "runs": [cc.result_record(r) for r in kept + list(results)]}
+  RESULTS_PATH.write_text(json.dumps(payload, indent=2))
+
+
 start = time.time()
 results = []
 for env, names in PLAN.items():
   for name in names:
     for seed in SEEDS:
       run_start = time.time()
+      if (env, name, seed) in done:
+        results.append(done[env, name, seed])
+        continue
       results.append(cc.run_method(str(RUNS_DIR / f"{env}_{name}_seed{seed}"),
-                                   method=METHODS[name], env=env, seed=seed, spec=SPEC))
+                                   method=METHODS[name], env=env, seed=seed, spec=SPECS[env]))
+      if not SMALL:
+        save_runs(results)
       print(f"{env:10s} {name:15s} seed {seed}: final train success "
             f"{results[-1].success[-1]:.3f}, held-out {results[-1].eval_success:.3f} "
             f"({time.time() - run_start:.0f} s)", flush=True)
@@ -130,10 +175,11 @@ table = cc.results_table(summaries)
 print(table)
 # Each method against GRPO on the same setting: the one-sided Mann–Whitney test of a higher final
 # held-out success (with 3 seeds the smallest possible p is 0.05; the benchmark runs 5).
-comparisons = cc.against_baseline(results)
+comparisons = [c for statistic in cc.STATISTICS
+               for c in cc.against_baseline(results, statistic=statistic)]
 for c in comparisons:
-  print(f"{c.env:16s} {c.method:15s} vs grpo: {c.difference:+.3f}, p = {c.p_value:.3f} "
-        f"({c.num_seeds} seeds)")
+  print(f"{c.env:16s} {c.method:15s} {c.statistic:24s} vs grpo: {c.difference:+.3f}, "
+        f"p = {c.p_value:.3f} ({c.num_seeds} seeds)")
 
 # %%
 envs = list(PLAN)
@@ -165,17 +211,8 @@ print("wrote", figure_path)
 # %%
 (OUTPUT_DIR / "results").mkdir(parents=True, exist_ok=True)
 (OUTPUT_DIR / "results" / f"{NAME}.md").write_text(table + "\n")
-payload = {
-    "small": SMALL, "seeds": SEEDS, "runtime_s": elapsed, "plan": PLAN,
-    "spec": {f: getattr(SPEC, f) for f in SPEC.__dataclass_fields__},
-    "against_grpo": [c._asdict() for c in comparisons],
-    "runs": [{"method": r.method, "env": r.env, "seed": r.seed, "success": r.success.tolist(),
-              "repeated_action_rate": r.repeated_action_rate.tolist(),
-              "invalid_action_rate": r.invalid_action_rate.tolist(),
-              "eval_success": r.eval_success} for r in results],
-}
-results_path = OUTPUT_DIR / "results" / f"{NAME}.json"
-results_path.write_text(json.dumps(payload, indent=2))
+save_runs(results, {"runtime_s": elapsed, "against_grpo": [c._asdict() for c in comparisons]})
+results_path = RESULTS_PATH
 print("wrote", results_path)
 
 # %% [markdown]
@@ -187,14 +224,15 @@ print("wrote", results_path)
 # every observation is new, so the curiosity penalty never fires: GRPO + curiosity takes the same
 # updates as GRPO and the two runs match (checked over the first two iterations; later, the two
 # differently compiled update programs may round differently and the samples drift apart). At
-# full size learning must also have happened: on DD-Chain (random play succeeds 1/4 of the time)
-# the best method's late training success beats chance.
+# full size learning must also have happened: on every chain, every method's late training success
+# is at least halfway from chance to 1.
 
 # %%
 assert len(results) == sum(len(v) for v in PLAN.values()) * len(SEEDS)
 for r in results:
   for values in (r.success, r.repeated_action_rate, r.invalid_action_rate):
-    assert values.shape == (SPEC.num_iterations,) and np.all((values >= 0) & (values <= 1)), r
+    assert values.shape == (SPECS[r.env].num_iterations,), r
+    assert np.all((values >= 0) & (values <= 1)), r
   assert 0 <= r.eval_success <= 1, r
 RATES = ("success", "repeated_action_rate", "invalid_action_rate")
 runs = {(r.env, r.method, r.seed): r for r in results}
@@ -207,6 +245,10 @@ for env, names in PLAN.items():
         np.testing.assert_array_equal(getattr(runs[env, "grpo", seed], f)[:2],
                                       getattr(runs[env, "grpo_curiosity", seed], f)[:2], err_msg=f)
 if not SMALL:
-  best = max(s.late_train_success[0] for s in summaries if s.env == "dd_chain")
-  assert best > 0.4, table
+  # Learning happened: on every chain, every method's late training success is at least halfway
+  # from chance (all m decisions right by luck: 2^-m) to 1.
+  for s in summaries:
+    if s.env.startswith("dd_chain"):
+      chance = 0.5 ** cc.SETTINGS[s.env].env_kwargs["num_decisions"]
+      assert s.late_train_success[0] > (1 + chance) / 2, (s.env, s.method, s.late_train_success)
 print("all checks passed")

@@ -193,8 +193,9 @@ class RunResult(NamedTuple):
 
 class Summary(NamedTuple):
   """Over seeds for one (method, env): mean curves with 95% t-bands `[num_iterations]`, and the
-  table entries (final held-out success, rates over the last quarter of training), each a
-  `(mean, low, high)` triple."""
+  table entries (final held-out success, mean training success over the run, iterations to
+  `SUCCESS_THRESHOLD`, rates over the last quarter of training), each a `(mean, low, high)`
+  triple."""
 
   method: str
   env: str
@@ -203,6 +204,8 @@ class Summary(NamedTuple):
   repeated_action_rate: tuple[np.ndarray, np.ndarray, np.ndarray]
   invalid_action_rate: tuple[np.ndarray, np.ndarray, np.ndarray]
   final_eval_success: tuple[float, float, float]
+  mean_train_success: tuple[float, float, float]
+  iterations_to_threshold: tuple[float, float, float]
   late_train_success: tuple[float, float, float]
   late_repeated_action_rate: tuple[float, float, float]
   late_invalid_action_rate: tuple[float, float, float]
@@ -289,15 +292,24 @@ def run_method(workdir: str, *, method: Method, env: str, seed: int,
       repeated_action_rate=np.array([p["repeated_action_rate"] for p in probe.records]),
       eval_success=float(summary.success_after))
   with open(saved, "w", encoding="utf-8") as f:
-    json.dump({k: v.tolist() if isinstance(v, np.ndarray) else v
-               for k, v in result._asdict().items()}, f)
+    json.dump(result_record(result), f)
   return result
+
+
+def result_record(result: RunResult) -> dict[str, Any]:
+  """`result` as JSON-ready values (arrays as lists); `result_from_record` inverts it."""
+  return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in result._asdict().items()}
+
+
+def result_from_record(record: Mapping[str, Any]) -> RunResult:
+  """The `RunResult` of a `result_record` (extra keys are ignored)."""
+  return RunResult(**{k: np.asarray(record[k]) if isinstance(record[k], list) else record[k]
+                      for k in RunResult._fields})
 
 
 def _read_result(path: str) -> RunResult:
   with open(path, encoding="utf-8") as f:
-    fields = json.load(f)
-  return RunResult(**{k: np.asarray(v) if isinstance(v, list) else v for k, v in fields.items()})
+    return result_from_record(json.load(f))
 
 
 def summarize(results: Sequence[RunResult]) -> list[Summary]:
@@ -324,11 +336,15 @@ def summarize(results: Sequence[RunResult]) -> list[Summary]:
       return tuple(float(v) for v in fits.mean_confidence_band(values))
 
     final = np.array([r.eval_success for r in runs])
+    mean_train = np.array([run_statistic(r, "mean_train_success") for r in runs])
+    steps = np.array([run_statistic(r, "iterations_to_threshold") for r in runs])
     summaries.append(Summary(
         method=method, env=env, num_seeds=len(runs),
         success=band("success"), repeated_action_rate=band("repeated_action_rate"),
         invalid_action_rate=band("invalid_action_rate"),
         final_eval_success=tuple(float(v) for v in fits.mean_confidence_band(final)),
+        mean_train_success=tuple(float(v) for v in fits.mean_confidence_band(mean_train)),
+        iterations_to_threshold=tuple(float(v) for v in fits.mean_confidence_band(steps)),
         late_train_success=late("success"),
         late_repeated_action_rate=late("repeated_action_rate"),
         late_invalid_action_rate=late("invalid_action_rate")))
@@ -342,39 +358,78 @@ def results_table(summaries: Sequence[Summary]) -> str:
     mean, low, high = triple
     return f"{mean:.3f}" if not np.isfinite(high - low) else f"{mean:.3f} ± {(high - low) / 2:.3f}"
 
-  lines = ["| env | method | seeds | held-out greedy success | train success (last 25%) | "
+  lines = ["| env | method | seeds | held-out greedy success | train success (mean over the run) | "
+           f"iterations to train success ≥ {SUCCESS_THRESHOLD} | train success (last 25%) | "
            "repeated-action rate | invalid-action rate |",
-           "|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|"]
   for s in sorted(summaries, key=lambda s: s.env):
     lines.append(f"| {s.env} | {s.method} | {s.num_seeds} | {cell(s.final_eval_success)} | "
+                 f"{cell(s.mean_train_success)} | {cell(s.iterations_to_threshold)} | "
                  f"{cell(s.late_train_success)} | {cell(s.late_repeated_action_rate)} | "
                  f"{cell(s.late_invalid_action_rate)} |")
   return "\n".join(lines)
 
 
 class Comparison(NamedTuple):
-  """One method against GRPO on one setting: final held-out success over seeds, and the one-sided
-  Mann–Whitney test of "this method's final success tends to be higher"."""
+  """One method against GRPO on one setting and one per-run statistic (see `STATISTICS`), over
+  seeds, with the one-sided Mann–Whitney test of "this method does better"."""
 
   method: str
   env: str
+  statistic: str
   num_seeds: int
-  difference: float  # mean success minus GRPO's
+  difference: float  # the method's mean statistic minus GRPO's
   p_value: float
 
 
-def against_baseline(results: Sequence[RunResult], baseline: str = "grpo") -> list[Comparison]:
+# Per-run statistics a method is compared on, and the Mann–Whitney alternative that means "better".
+# DD-Chain's targets are one fixed task, so its greedy held-out success is 0 or 1 per run and says
+# little once every method solves it; the speed of learning is what turn-level credit claims.
+STATISTICS: Mapping[str, str] = MappingProxyType({
+    "final_eval_success": "greater",       # held-out greedy success at the end
+    "mean_train_success": "greater",       # area under the training-success curve
+    "iterations_to_threshold": "less",     # first iteration with training success >= threshold
+})
+SUCCESS_THRESHOLD = 0.9
+
+
+def iterations_to_threshold(success: np.ndarray, threshold: float = SUCCESS_THRESHOLD) -> int:
+  """First iteration (1-based) whose training success is >= `threshold`; `len(success) + 1` when
+  none is (a censored run ranks behind every run that got there)."""
+  success = np.asarray(success)
+  if success.ndim != 1 or success.size == 0:
+    raise ValueError(f"success must be a non-empty curve [num_iterations], got {success.shape}")
+  hits = np.flatnonzero(success >= threshold)
+  return int(hits[0]) + 1 if hits.size else success.size + 1
+
+
+def run_statistic(result: RunResult, statistic: str) -> float:
+  """One run's value of a `STATISTICS` entry."""
+  if statistic == "final_eval_success":
+    return float(result.eval_success)
+  if statistic == "mean_train_success":
+    return float(np.mean(result.success))
+  if statistic == "iterations_to_threshold":
+    return float(iterations_to_threshold(result.success))
+  raise ValueError(f"unknown statistic {statistic!r}; known: {sorted(STATISTICS)}")
+
+
+def against_baseline(results: Sequence[RunResult], baseline: str = "grpo",
+                     statistic: str = "final_eval_success") -> list[Comparison]:
   """Every (method, setting) with runs of `baseline` on the same setting, in first-seen order."""
-  finals: dict[tuple[str, str], list[float]] = {}
+  if statistic not in STATISTICS:
+    raise ValueError(f"unknown statistic {statistic!r}; known: {sorted(STATISTICS)}")
+  values: dict[tuple[str, str], list[float]] = {}
   for r in results:
-    finals.setdefault((r.method, r.env), []).append(r.eval_success)
+    values.setdefault((r.method, r.env), []).append(run_statistic(r, statistic))
   out = []
-  for (method, env), values in finals.items():
-    base = finals.get((baseline, env))
+  for (method, env), own in values.items():
+    base = values.get((baseline, env))
     if method == baseline or not base:
       continue
-    test = fits.mann_whitney_u(np.asarray(values), np.asarray(base), alternative="greater")
-    out.append(Comparison(method=method, env=env, num_seeds=len(values),
-                          difference=float(np.mean(values) - np.mean(base)),
+    test = fits.mann_whitney_u(np.asarray(own), np.asarray(base),
+                               alternative=STATISTICS[statistic])
+    out.append(Comparison(method=method, env=env, statistic=statistic, num_seeds=len(own),
+                          difference=float(np.mean(own) - np.mean(base)),
                           p_value=float(test.p_value)))
   return out

@@ -99,7 +99,9 @@ def test_summarize_and_table():
   assert np.isnan(rloo.final_eval_success[1])
   table = cc.results_table([grpo, rloo])
   assert "| dd_chain | grpo | 2 | 0.600 ± 1.271 |" in table
-  assert "| dd_chain | rloo | 1 | 0.000 | 0.100 | 0.500 | 0.000 |" in table
+  # rloo: final 0, mean training success 0.1, never at 0.9 (4 iterations -> censored at 5),
+  # last quarter 0.1, repeated 0.5, invalid 0.
+  assert "| dd_chain | rloo | 1 | 0.000 | 0.100 | 5.000 | 0.100 | 0.500 | 0.000 |" in table
   with pytest.raises(ValueError, match="different lengths"):
     cc.summarize(runs + [_result("rloo", 1, [0.1], 0.0)])
 
@@ -208,3 +210,50 @@ def test_a_finished_run_is_read_back_instead_of_trained_again(tmp_path):
                       spec=cc.ComparisonSpec())
   assert got.eval_success == 0.625 and got.method == "rloo"
   np.testing.assert_array_equal(got.success, saved.success)
+
+
+def _curve(method, seed, success, eval_success=1.0):
+  success = np.asarray(success, float)
+  return cc.RunResult(method=method, env="dd_chain_t32_m2", seed=seed, success=success,
+                      invalid_action_rate=np.zeros_like(success),
+                      repeated_action_rate=np.zeros_like(success), eval_success=eval_success)
+
+
+def test_iterations_to_threshold_is_the_first_crossing_or_censored():
+  # 0.95 >= 0.9 first at index 2 -> iteration 3; never reached in 4 -> 4 + 1.
+  assert cc.iterations_to_threshold(np.array([0.1, 0.89, 0.95, 0.5])) == 3
+  assert cc.iterations_to_threshold(np.array([0.1, 0.2, 0.3, 0.4])) == 5
+  assert cc.iterations_to_threshold(np.array([0.9])) == 1
+  with pytest.raises(ValueError, match="non-empty curve"):
+    cc.iterations_to_threshold(np.zeros((2, 2)))
+
+
+def test_against_baseline_on_learning_speed():
+  # GRPO crosses 0.9 at iteration 4 on every seed, "fast" at iteration 2: fewer iterations is
+  # better, so the one-sided test is "less"; both end solved, so final success ties.
+  slow = [0.1, 0.5, 0.8, 0.95, 1.0]
+  fast = [0.3, 0.92, 1.0, 1.0, 1.0]
+  results = [_curve("grpo", s, slow) for s in range(5)]
+  results += [_curve("fast", s, fast) for s in range(5)]
+  (steps,) = cc.against_baseline(results, statistic="iterations_to_threshold")
+  assert (steps.statistic, steps.difference) == ("iterations_to_threshold", -2.0)
+  want = cc.fits.mann_whitney_u(np.full(5, 2.0), np.full(5, 4.0), alternative="less")
+  assert steps.p_value == pytest.approx(want.p_value) and steps.p_value < 0.01
+  (area,) = cc.against_baseline(results, statistic="mean_train_success")
+  assert area.difference == pytest.approx(np.mean(fast) - np.mean(slow)) and area.p_value < 0.01
+  (final,) = cc.against_baseline(results, statistic="final_eval_success")
+  assert final.difference == 0.0 and final.p_value > 0.5
+  with pytest.raises(ValueError, match="unknown statistic"):
+    cc.against_baseline(results, statistic="best_success")
+
+
+def test_summary_carries_the_speed_statistics_and_records_round_trip():
+  runs = [_curve("grpo", s, [0.5, 0.95 if s else 0.5, 1.0]) for s in range(3)]
+  (summary,) = cc.summarize(runs)
+  # Crossing at iteration 2, 2 and 3 (seed 0 later): mean 7/3; mean success (0.5+0.95+1)/3 etc.
+  assert summary.iterations_to_threshold[0] == pytest.approx(7 / 3)
+  assert summary.mean_train_success[0] == pytest.approx(np.mean([2.45 / 3, 2.45 / 3, 2.0 / 3]))
+  back = cc.result_from_record(json.loads(json.dumps(cc.result_record(runs[1]))))
+  assert (back.method, back.env, back.seed, back.eval_success) == ("grpo", runs[1].env, 1, 1.0)
+  for field in ("success", "invalid_action_rate", "repeated_action_rate"):
+    np.testing.assert_array_equal(getattr(back, field), getattr(runs[1], field))
