@@ -36,6 +36,9 @@ TOOL_CALL_KEY = "tool_call"
 SEARCH_TURN_KEY = "search_turn"
 EVIDENCE_TURN_KEY = "evidence_turn"
 ANSWER_TURN_KEY = "answer_turn"
+# [B, N] float32 DD-Chain: 1 on the decision turns (whose action enters the return), 0 on routine
+# ones; the oracle the decision-density studies gate turn-level credit with.
+DECISION_TURN_KEY = "decision_turn"
 # [B, N] int32 SLEA wrapper: structural cluster of the state after / before each turn.
 STATE_KEY = "state_key"
 ANCHOR_STATE_KEY = "anchor_state_key"

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from agentrl_jax import extra_keys
 from agentrl_jax.envs import base
 from agentrl_jax.envs import registry
 
@@ -51,7 +52,8 @@ def decision_turns(horizon: int, num_decisions: int) -> tuple[int, ...]:
 class DDChain(base.TextEnv):
   """The decision-density chain as a text env; `max_turns` equals `horizon`.
 
-  Info on the last turn: `success` (every decision turn correct) and
+  Info on every turn: `decision_turn` (`extra_keys.DECISION_TURN_KEY`), whether the turn was a
+  decision turn (the oracle's D; the rollout copies it to `traj.extras`). Info on the last turn: `success` (every decision turn correct) and
   `sub_outcomes = {"correct_decisions": fraction of decision turns correct}`. An invalid action
   counts as a turn and as a wrong answer.
   """
@@ -124,7 +126,8 @@ class DDChain(base.TextEnv):
     word = base.parse_action(action, ACTIONS)
     if t in self._targets and word == self._targets[t]:
       self._num_correct += 1
-    info: dict[str, Any] = {"action_valid": word is not None}
+    info: dict[str, Any] = {"action_valid": word is not None,
+                            extra_keys.DECISION_TURN_KEY: t in self._targets}
 
     if t == self.horizon - 1:
       reward = self.beta * self._num_correct + self._noise

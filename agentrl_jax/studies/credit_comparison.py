@@ -1,7 +1,8 @@
 """Credit-assignment methods trained side by side with `learner.train` (notebooks/credit_comparison).
 
 A method is an advantage estimator from `advantages.estimators.ESTIMATORS`, optionally with a critic
-(PPO-GAE), a reward shaper (GRPO + the curiosity duplicate-observation penalty), or the loss
+(PPO-GAE), a reward shaper (GRPO + the curiosity duplicate-observation penalty), a correction (GRPO
+gated to the decision turns that DD-Chain reports: the oracle turn-level reference), or the loss
 settings its paper pairs it with (Dr.GRPO's length-independent aggregation, GAGPO's turn-level
 ratio). Each run
 is a plain `learner.train` call with Python configs (no gin); its per-iteration training success
@@ -24,6 +25,7 @@ import numpy as np
 
 from agentrl_jax import types
 from agentrl_jax.advantages import estimators
+from agentrl_jax.credit import decision_gate
 from agentrl_jax.envs import base
 from agentrl_jax.learner import configs
 from agentrl_jax.learner import learner
@@ -46,6 +48,8 @@ class Method:
     estimator: a key of `advantages.estimators.ESTIMATORS`.
     use_critic: train a value critic (needed by "gae").
     curiosity: add the duplicate-observation penalty before the estimator.
+    oracle_gate: keep the advantage on decision turns only (`credit.decision_gate`): turn-level
+      credit with an oracle critic, the reference on chains that report their decision turns.
     loss_overrides: `step.LossConfig` fields that differ from the comparison's shared loss
       (`SHARED_LOSS`), e.g. `{"ratio_level": "turn"}`.
   """
@@ -54,6 +58,7 @@ class Method:
   estimator: str
   use_critic: bool = False
   curiosity: bool = False
+  oracle_gate: bool = False
   loss_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
@@ -99,6 +104,8 @@ METHODS: tuple[Method, ...] = (
     Method(name="mt_grpo", estimator="mt_grpo"),
     Method(name="ppo_gae", estimator="gae", use_critic=True),
     Method(name="grpo_curiosity", estimator="grpo", curiosity=True),
+    # GRPO's advantage on the decision turns only: what an exact turn-level critic would give.
+    Method(name="grpo_oracle_turn", estimator="grpo", oracle_gate=True),
 )
 
 class Setting(NamedTuple):
@@ -142,7 +149,10 @@ ENVS = SETTINGS  # the comparison's original name for them
 
 
 def applies(method: Method, setting: str) -> bool:
-  """Whether `method` is run on `setting`: the curiosity penalty only where states repeat."""
+  """Whether `method` is run on `setting`: the curiosity penalty only where states repeat, the
+  oracle gate only where the env reports its decision turns (DD-Chain)."""
+  if method.oracle_gate and SETTINGS[setting].env != "dd_chain":
+    return False
   return not method.curiosity or SETTINGS[setting].loops
 
 
@@ -278,7 +288,8 @@ def run_method(workdir: str, *, method: Method, env: str, seed: int,
     raise ValueError(f"workdir {workdir!r} holds an unfinished run; remove it to run again")
   probe = ActionRateProbe()
   shapers = [probe] + ([curiosity.duplicate_observation_penalty] if method.curiosity else [])
-  summary = learner.train(os.fspath(workdir), reward_shapers=shapers,
+  corrections = [decision_gate.oracle_decision_gate] if method.oracle_gate else []
+  summary = learner.train(os.fspath(workdir), reward_shapers=shapers, corrections=corrections,
                           **train_kwargs(method, env, seed, spec))
   records = [r for r in metrics_lib.read_metrics(workdir) if "train/success" in r]
   records = sorted({int(r["step"]): r for r in records}.items())

@@ -87,7 +87,7 @@ def test_invalid_actions_count_as_wrong_and_are_reported():
   env.reset(0)
   result = env.step("maybe")
   assert result.observation == "invalid action 'maybe': use 0 or 1\nturn 2 of 4"
-  assert result.info == {"action_valid": False}
+  assert result.info == {"action_valid": False, "decision_turn": True}  # turn 0 is in D
   for action in (None, 5, "x" * 10_000):
     result = env.step(action)
     assert "use 0 or 1" in result.observation and len(result.observation) < 100
@@ -180,3 +180,11 @@ def test_registered_under_its_name():
   env = envs.make("dd_chain", horizon=8, num_decisions=2)
   assert isinstance(env, dd_chain.DDChain) and env.name == "dd_chain"
   assert env.action_words == ("0", "1") and env.max_turns == 8
+
+
+def test_every_step_reports_whether_it_was_a_decision_turn():
+  env = dd_chain.DDChain(horizon=9, num_decisions=3)  # D = {0, 4, 8}
+  results = _episode(env, 0, ["1"] * 9)
+  reported = [r.info["decision_turn"] for r in results]
+  assert reported == [t in (0, 4, 8) for t in range(9)]
+  np.testing.assert_array_equal(reported, env.decision_mask)

@@ -54,7 +54,7 @@ def test_probe_records_action_rates_under_jit_and_changes_nothing():
 def test_methods_cover_the_issue_and_validate():
   names = [m.name for m in cc.METHODS]
   assert names == ["grpo", "dr_grpo", "rloo", "gigpo", "gagpo", "mt_grpo", "ppo_gae",
-                   "grpo_curiosity"]
+                   "grpo_curiosity", "grpo_oracle_turn"]
   with pytest.raises(ValueError, match="use_critic"):
     cc.Method(name="ppo", estimator="gae")
   with pytest.raises(ValueError, match="unknown advantage estimator"):
@@ -178,6 +178,8 @@ def test_curiosity_runs_only_where_states_repeat():
   assert cc.applies(curiosity, "frozenlake") and cc.applies(curiosity, "frozenlake_6x6")
   assert not any(cc.applies(curiosity, s) for s in cc.SETTINGS if s.startswith("dd_chain"))
   assert all(cc.applies(m, "dd_chain") for m in cc.METHODS if not m.curiosity)
+  oracle = next(m for m in cc.METHODS if m.oracle_gate)
+  assert not cc.applies(oracle, "frozenlake") and not cc.applies(oracle, "frozenlake_6x6")
 
 
 @pytest.mark.parametrize("name", sorted(cc.SETTINGS))
