@@ -26,6 +26,9 @@
 # **How to run.** From the repository root:
 #
 # * full size: `STUDY_RUNS_DIR=runs python notebooks/transformer_snr.py`
+# * the policy warmed to π ≈ ½ on every turn first (25 Adam steps of its entropy over "0"/"1" on
+#   episodes the measurement does not use): `STUDY_WARMUP=25 STUDY_RUNS_DIR=runs python
+#   notebooks/transformer_snr.py`, recorded as `results/transformer_snr_uniform*.json`
 # * CI size: `SMALL=1 python notebooks/transformer_snr.py`
 # * as a notebook: `jupytext --to ipynb --execute notebooks/transformer_snr.py` rewrites the
 #   paired `transformer_snr.ipynb` (needs the `notebooks` extra: jupytext, nbconvert, ipykernel).
@@ -67,13 +70,20 @@ HERE = pathlib.Path(__file__).resolve().parent if "__file__" in globals() else p
 OUTPUT_DIR = pathlib.Path(os.environ.get("STUDY_OUTPUT_DIR", HERE))
 RUNS_DIR = pathlib.Path(os.environ.get("STUDY_RUNS_DIR") or tempfile.mkdtemp(prefix="tsnr_"))
 SEED = int(os.environ.get("STUDY_SEED", "0"))  # Model and sampling seed; 0 made the committed figure.
+# Adam steps raising the policy's entropy over "0"/"1" before measuring (π ≈ ½ on every turn, as
+# the law's tabular policy); 0 measures the random initialisation. Warmed runs are recorded
+# under their own name ("transformer_snr_uniform...").
+WARMUP = int(os.environ.get("STUDY_WARMUP", "0"))
 
 if SMALL:
-  SPEC = ts.StudySpec(horizon=8, num_decisions=(1, 2, 4, 8), num_groups=16, seed=SEED)
+  SPEC = ts.StudySpec(horizon=8, num_decisions=(1, 2, 4, 8), num_groups=16, seed=SEED,
+                      warmup_steps=WARMUP)
 else:
-  SPEC = ts.StudySpec(horizon=32, num_decisions=(1, 2, 4, 8, 16, 32), num_groups=256, seed=SEED)
+  SPEC = ts.StudySpec(horizon=32, num_decisions=(1, 2, 4, 8, 16, 32), num_groups=256, seed=SEED,
+                      warmup_steps=WARMUP)
 NUM_RESAMPLES = 50 if SMALL else 200
-CACHE = RUNS_DIR / f"transformer_snr_{'small' if SMALL else 'full'}_seed{SEED}"
+STEM = "transformer_snr_uniform" if WARMUP else "transformer_snr"
+CACHE = RUNS_DIR / f"{STEM}_{'small' if SMALL else 'full'}_seed{SEED}"
 print(f"SMALL={SMALL}  spec={SPEC}\nchunks in {CACHE}  devices={jax.devices()}")
 
 # %% [markdown]
@@ -171,7 +181,7 @@ fig.tight_layout()
 (OUTPUT_DIR / "figures").mkdir(parents=True, exist_ok=True)
 # Seed 0 made the committed figure and record; other seeds write beside them under their own name.
 TAG = "" if SEED == 0 else f"_seed{SEED}"
-figure_path = OUTPUT_DIR / "figures" / f"transformer_snr{TAG}.png"
+figure_path = OUTPUT_DIR / "figures" / f"{STEM}{TAG}.png"
 fig.savefig(figure_path, dpi=110)
 print("wrote", figure_path)
 
@@ -180,7 +190,7 @@ result.update(small=SMALL, seed=SEED, runtime_s=elapsed)
 result["goal"] = {"slope_range": [-0.6, -0.4], "min_r2": 0.95,
                   "met": bool(-0.6 <= analysis.slope[0] <= -0.4 and analysis.r2[0] >= 0.95)}
 (OUTPUT_DIR / "results").mkdir(parents=True, exist_ok=True)
-results_path = OUTPUT_DIR / "results" / f"transformer_snr{TAG}.json"
+results_path = OUTPUT_DIR / "results" / f"{STEM}{TAG}.json"
 results_path.write_text(json.dumps(result, indent=2))
 print("wrote", results_path)
 
@@ -192,17 +202,18 @@ print("wrote", results_path)
 # ratio over seeds.
 
 # %%
-paths = [OUTPUT_DIR / "results" / "transformer_snr.json",
-         *sorted((OUTPUT_DIR / "results").glob("transformer_snr_seed[0-9]*.json"))]
+paths = [OUTPUT_DIR / "results" / f"{STEM}.json",
+         *sorted((OUTPUT_DIR / "results").glob(f"{STEM}_seed[0-9]*.json"))]
 records = [json.loads(p.read_text()) for p in paths if p.exists()]
-records = [r for r in records if r.get("small") == SMALL and r["spec"]["horizon"] == SPEC.horizon]
+records = [r for r in records if r.get("small") == SMALL and r["spec"]["horizon"] == SPEC.horizon
+           and r["spec"].get("warmup_steps", 0) == WARMUP]
 seeds = ts.across_seeds(records)
 for name, e in seeds["estimators"].items():
   fit = e["pooled_fit"]
   print(f"{name:8s} seeds {seeds['seeds']}: slopes {e['slopes']}, mean {e['slope_mean']} "
         f"95% CI {e['slope_ci']}; geometric-mean ratio fit: "
         + (f"slope {fit['slope']:+.3f}, R² {fit['r2']:.3f}" if fit else "none"))
-(OUTPUT_DIR / "results" / "transformer_snr_seeds.json").write_text(json.dumps(seeds, indent=2))
+(OUTPUT_DIR / "results" / f"{STEM}_seeds.json").write_text(json.dumps(seeds, indent=2))
 
 # %% [markdown]
 # ## Checks

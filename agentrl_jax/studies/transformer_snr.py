@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from agentrl_jax import files
 from agentrl_jax import types
@@ -87,6 +88,10 @@ class StudySpec:
     critic_threshold: τ of the learned critic's `|Q̂ − V̂| > τ` (β/4 is halfway between a routine
       turn's 0 and a decision turn's β/2 at p = ½).
     gradient_batch: trajectories per jitted gradient call (memory: batch × gates × parameters).
+    warmup_steps: Adam steps that raise the policy's entropy over the action words before
+      anything is measured (`warm_to_uniform`), so π("1" | h_t) starts near ½ on every turn as
+      the law's tabular policy does; 0 measures the random initialisation.
+    warmup_learning_rate: Adam's learning rate for those steps.
   """
 
   horizon: int = 32
@@ -101,6 +106,8 @@ class StudySpec:
   sketch_dim: int = 16384
   critic_threshold: float = 0.25
   gradient_batch: int = 8
+  warmup_steps: int = 0
+  warmup_learning_rate: float = 3e-3
 
   def __post_init__(self):
     for name in ("horizon", "num_groups", "chunk_groups", "gradient_batch"):
@@ -126,6 +133,11 @@ class StudySpec:
       raise ValueError(f"StudySpec.sketch_dim must be an int >= 0, got {self.sketch_dim!r}")
     if not base.is_number(self.critic_threshold) or self.critic_threshold < 0:
       raise ValueError(f"StudySpec.critic_threshold must be >= 0, got {self.critic_threshold!r}")
+    if not base.is_int(self.warmup_steps) or self.warmup_steps < 0:
+      raise ValueError(f"StudySpec.warmup_steps must be an int >= 0, got {self.warmup_steps!r}")
+    if not base.is_number(self.warmup_learning_rate) or self.warmup_learning_rate <= 0:
+      raise ValueError(f"StudySpec.warmup_learning_rate must be > 0, got "
+                       f"{self.warmup_learning_rate!r}")
 
   @property
   def densities(self) -> np.ndarray:
@@ -225,7 +237,8 @@ def _max_len(horizon: int) -> int:
 
 
 def make_run(spec: StudySpec) -> tuple[assembly.Run, Any]:
-  """The tiny transformer on DD-Chain through `assembly.resolve` and `build_run`; (run, params).
+  """The tiny transformer on DD-Chain through `assembly.resolve` and `build_run`; (run, params),
+  the params warmed towards uniform first when `spec.warmup_steps > 0`.
 
   The env is played with `num_decisions = spec.num_decisions[0]`; its returns are replaced by
   `chain_returns`, which recomputes them for every density.
@@ -241,7 +254,40 @@ def make_run(spec: StudySpec) -> tuple[assembly.Run, Any]:
       sampling=sampler.SamplingConfig(temperature=1.0))
   resolved = assembly.resolve(config, None, rollout)
   graphdef, params = transformer.create(resolved.model, spec.seed)
-  return assembly.build_run(resolved, graphdef), params
+  run = assembly.build_run(resolved, graphdef)
+  return run, warm_to_uniform(run, params, spec)
+
+
+def warm_to_uniform(run: assembly.Run, params, spec: StudySpec) -> Any:
+  """`spec.warmup_steps` Adam steps of `−mean_t H(π(· | h_t))` over the action words; new params.
+
+  The histories are one chunk of episodes played by the initial policy with chunk index
+  `spec.num_chunks`, which no measurement uses, so the measured episodes stay fresh. The
+  objective knows nothing of the targets or the decision turns: it only moves π("1" | h_t)
+  towards ½ on every turn (at random initialisation it is about 0.05 on the first turns).
+  """
+  if not spec.warmup_steps:
+    return params
+  traj = jax.tree.map(jnp.asarray, play_chunk(run, params, spec, spec.num_chunks))
+  view = distribution.action_view(traj.action_mask, spec.horizon)
+  positions = distribution.trajectory_positions(traj)
+  optimizer = optax.adam(spec.warmup_learning_rate)
+
+  def negative_entropy(p):
+    _, entropy = distribution.action_log_probs(run.graphdef, p, traj.tokens, positions, view,
+                                               run.allowed, run.temperature)
+    return -jnp.sum(entropy) / jnp.maximum(jnp.sum(view.valid), 1)
+
+  @jax.jit
+  def update(p, opt_state):
+    grads = jax.grad(negative_entropy)(p)
+    updates, opt_state = optimizer.update(grads, opt_state, p)
+    return optax.apply_updates(p, updates), opt_state
+
+  opt_state = optimizer.init(params)
+  for _ in range(spec.warmup_steps):
+    params, opt_state = update(params, opt_state)
+  return params
 
 
 def play_chunk(run: assembly.Run, params, spec: StudySpec, chunk: int) -> types.Trajectories:

@@ -209,3 +209,29 @@ def test_across_seeds_pools_slopes_and_geometric_mean_ratios():
   assert learned["slope_mean"] is None  # undefined slopes make the mean undefined, not 0
   with pytest.raises(ValueError, match="different densities"):
     ts.across_seeds([records[0], {**records[1], "densities": [0.5, 1.0]}])
+
+
+def test_warm_up_moves_every_turn_towards_one_half_and_zero_steps_change_nothing(run_and_params,
+                                                                                 chunk):
+  run, params = run_and_params
+  assert ts.warm_to_uniform(run, params, SPEC) is params  # warmup_steps = 0
+  warm = ts.warm_to_uniform(run, params, dataclasses.replace(SPEC, warmup_steps=25))
+  # The warm-up plays chunk `num_chunks` (unused by the measurement); judge it on chunk 0.
+  actions = ts.action_choices(chunk, run.tokenizer, SPEC.horizon)
+  view = distribution.action_view(jnp.asarray(chunk.action_mask), SPEC.horizon)
+  positions = distribution.trajectory_positions(jax.tree.map(jnp.asarray, chunk))
+
+  def distance_from_half(p):
+    logp, _ = distribution.action_log_probs(run.graphdef, p, jnp.asarray(chunk.tokens), positions,
+                                            view, run.allowed, run.temperature)
+    taken = np.exp(np.asarray(logp))
+    return np.abs(np.where(actions == 1, taken, 1.0 - taken) - 0.5).mean(axis=0)
+
+  before, after = distance_from_half(params), distance_from_half(warm)
+  # At initialisation the first turns sit far from ½ (π("1") ≈ 0.05); the notebook's 25 steps
+  # (Adam's first steps overshoot: after 8 the mean distance had grown) bring every turn within
+  # 0.05 of ½.
+  assert before.max() > 0.2, before
+  assert after.max() < 0.05, (before, after)
+  with pytest.raises(ValueError, match="warmup_steps"):
+    dataclasses.replace(SPEC, warmup_steps=-1)
