@@ -72,6 +72,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from agentrl_jax.studies import credit_comparison as cc
+from agentrl_jax.studies import fits
 
 SMALL = os.environ.get("SMALL", "0") == "1"
 HERE = pathlib.Path(__file__).resolve().parent if "__file__" in globals() else pathlib.Path.cwd()
@@ -185,6 +186,40 @@ for c in comparisons:
   print(f"{c.env:16s} {c.method:15s} {c.statistic:24s} vs grpo: {c.difference:+.3f}, "
         f"p = {c.p_value:.3f} ({c.num_seeds} seeds)")
 
+# %% [markdown]
+# ## Iterations to threshold: trajectory-level ÷ oracle turn-level credit
+#
+# Where a chain ran both GRPO and GRPO gated to the decision turns (the same advantage, the
+# routine turns' terms removed), the ratio of their median iterations to 0.9 training success is
+# the transformer's steps-to-threshold gap at that ρ, with the one-sided Mann–Whitney p of "the
+# gated runs need fewer" (`fits.step_gap`; a run that never gets there counts as one iteration
+# past the end). At ρ = 1 the gate keeps every turn, so the two are the same algorithm: the gap is
+# 1 by construction and is not run.
+
+# %%
+runs_by_key = {(r.env, r.method, r.seed): r for r in results}
+gap_settings = [env for env, names in PLAN.items()
+                if {"grpo", "grpo_oracle_turn"} <= set(names)]
+
+
+def steps_to_threshold(env, name):
+  return [cc.iterations_to_threshold(runs_by_key[env, name, seed].success) for seed in SEEDS]
+
+
+step_gaps = []
+if gap_settings:
+  gap = fits.step_gap(np.array([steps_to_threshold(e, "grpo") for e in gap_settings]),
+                      np.array([steps_to_threshold(e, "grpo_oracle_turn") for e in gap_settings]))
+  for i, env in enumerate(gap_settings):
+    kwargs = cc.SETTINGS[env].env_kwargs
+    step_gaps.append({"env": env, "rho": kwargs["num_decisions"] / kwargs["horizon"],
+                      "median_grpo": float(gap.median_traj[i]),
+                      "median_oracle_turn": float(gap.median_turn[i]),
+                      "gap": float(gap.gap[i]), "p_value": float(gap.p_value[i])})
+    print(f"{env}: rho = {step_gaps[-1]['rho']:.4f}, median iterations GRPO "
+          f"{gap.median_traj[i]:.1f} vs oracle turn-level {gap.median_turn[i]:.1f}: gap "
+          f"{gap.gap[i]:.2f}, p = {gap.p_value[i]:.3f}")
+
 # %%
 envs = list(PLAN)
 fig, axes = plt.subplots(len(envs), 3, figsize=(15, 4 * len(envs)), squeeze=False)
@@ -215,7 +250,8 @@ print("wrote", figure_path)
 # %%
 (OUTPUT_DIR / "results").mkdir(parents=True, exist_ok=True)
 (OUTPUT_DIR / "results" / f"{NAME}.md").write_text(table + "\n")
-save_runs(results, {"runtime_s": elapsed, "against_grpo": [c._asdict() for c in comparisons]})
+save_runs(results, {"runtime_s": elapsed, "against_grpo": [c._asdict() for c in comparisons],
+                    "step_gap": step_gaps})
 results_path = RESULTS_PATH
 print("wrote", results_path)
 
