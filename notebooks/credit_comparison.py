@@ -103,7 +103,13 @@ elif os.environ.get("STUDY_SET") == "benchmark":
   unknown = sorted(set(settings) - set(cc.BENCHMARK_SETTINGS))
   if unknown:
     raise ValueError(f"STUDY_SETTINGS names {unknown}; the benchmark's are {cc.BENCHMARK_SETTINGS}")
-  PLAN = {setting: [m.name for m in cc.METHODS if cc.applies(m, setting)] for setting in settings}
+  # STUDY_METHODS=a,b runs only those methods (e.g. a second process beside a running one).
+  only = os.environ.get("STUDY_METHODS")
+  chosen = [m for m in cc.METHODS if not only or m.name in only.split(",")]
+  if only and len(chosen) != len(only.split(",")):
+    raise ValueError(f"STUDY_METHODS={only!r} names unknown methods; known: "
+                     f"{[m.name for m in cc.METHODS]}")
+  PLAN = {setting: [m.name for m in chosen if cc.applies(m, setting)] for setting in settings}
 else:
   SPEC = cc.ComparisonSpec(num_iterations=50, tasks_per_iteration=8, group_size=8)
   SEEDS = [0, 1, 2]
@@ -144,12 +150,12 @@ print(f"{len(done)} runs read back from {RESULTS_PATH}")
 
 
 def save_runs(results, extra=None):
-  RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
-  kept = [r for key, r in done.items() if key[0] not in PLAN]  # other settings' finished runs
-  payload = {"small": SMALL, "seeds": SEEDS, "plan": PLAN,
-             "specs": {**saved.get("specs", {}), **{e: spec_record(s) for e, s in SPECS.items()}},
-             **(extra or {}), "runs": [cc.result_record(r) for r in kept + list(results)]}
-  RESULTS_PATH.write_text(json.dumps(payload, indent=2))
+  # Merged into the file under a lock: other processes may be running other methods or settings.
+  # A SMALL run replaces the file instead: its runs share keys with the full size's.
+  if SMALL:
+    RESULTS_PATH.unlink(missing_ok=True)
+  cc.merge_results_file(str(RESULTS_PATH), results, {e: spec_record(s) for e, s in SPECS.items()},
+                        small=SMALL, seeds=SEEDS, **(extra or {}))
 
 
 start = time.time()
@@ -250,8 +256,8 @@ print("wrote", figure_path)
 # %%
 (OUTPUT_DIR / "results").mkdir(parents=True, exist_ok=True)
 (OUTPUT_DIR / "results" / f"{NAME}.md").write_text(table + "\n")
-save_runs(results, {"runtime_s": elapsed, "against_grpo": [c._asdict() for c in comparisons],
-                    "step_gap": step_gaps})
+save_runs(results, {"plan": PLAN, "runtime_s": elapsed,
+                    "against_grpo": [c._asdict() for c in comparisons], "step_gap": step_gaps})
 results_path = RESULTS_PATH
 print("wrote", results_path)
 

@@ -14,6 +14,7 @@ batch and changes nothing.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from agentrl_jax import files
 from agentrl_jax import types
 from agentrl_jax.advantages import estimators
 from agentrl_jax.credit import decision_gate
@@ -316,6 +318,35 @@ def result_from_record(record: Mapping[str, Any]) -> RunResult:
   """The `RunResult` of a `result_record` (extra keys are ignored)."""
   return RunResult(**{k: np.asarray(record[k]) if isinstance(record[k], list) else record[k]
                       for k in RunResult._fields})
+
+
+def merge_results_file(path: str, results: Sequence[RunResult], specs: Mapping[str, Any],
+                       **fields: Any) -> dict[str, Any]:
+  """Adds `results` to the study's results JSON at `path` and returns what it now holds.
+
+  Runs already in the file are kept unless `results` has the same (env, method, seed); `specs`
+  (per env) and `fields` replace the file's entries of the same name. The read-merge-write runs
+  under an exclusive lock on `path + ".lock"` and the file is replaced atomically, so several
+  processes can work through one study's runs (each its own methods or settings) without
+  dropping each other's.
+  """
+  files.makedirs(os.path.dirname(path) or ".")
+  with open(path + ".lock", "w", encoding="utf-8") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    payload: dict[str, Any] = {}
+    if os.path.exists(path):
+      with open(path, encoding="utf-8") as f:
+        payload = json.load(f)
+    runs = {(r["env"], r["method"], r["seed"]): r for r in payload.get("runs", [])}
+    runs.update({(r.env, r.method, r.seed): result_record(r) for r in results})
+    payload.update(fields)
+    payload["specs"] = {**payload.get("specs", {}), **specs}
+    payload["runs"] = list(runs.values())
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(payload, f, indent=2)
+    os.replace(tmp, path)
+  return payload
 
 
 def _read_result(path: str) -> RunResult:

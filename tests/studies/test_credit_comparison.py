@@ -259,3 +259,20 @@ def test_summary_carries_the_speed_statistics_and_records_round_trip():
   assert (back.method, back.env, back.seed, back.eval_success) == ("grpo", runs[1].env, 1, 1.0)
   for field in ("success", "invalid_action_rate", "repeated_action_rate"):
     np.testing.assert_array_equal(getattr(back, field), getattr(runs[1], field))
+
+
+def test_results_file_merges_runs_from_several_writers(tmp_path):
+  path = str(tmp_path / "results" / "bench.json")
+  first = [_final("grpo", "dd_chain", 0, 0.5), _final("rloo", "dd_chain", 0, 0.25)]
+  cc.merge_results_file(path, first, {"dd_chain": {"num_iterations": 2}}, small=False)
+  # A second writer adds its own method and re-records one run; a third only adds fields.
+  second = [_final("gigpo", "dd_chain", 0, 1.0), _final("grpo", "dd_chain", 0, 0.75)]
+  cc.merge_results_file(path, second, {"frozenlake": {"num_iterations": 3}})
+  got = cc.merge_results_file(path, [], {}, runtime_s=12.0)
+  finals = {(r["method"], r["seed"]): r["eval_success"] for r in got["runs"]}
+  assert finals == {("grpo", 0): 0.75, ("rloo", 0): 0.25, ("gigpo", 0): 1.0}
+  assert got["specs"] == {"dd_chain": {"num_iterations": 2}, "frozenlake": {"num_iterations": 3}}
+  assert (got["small"], got["runtime_s"]) == (False, 12.0)
+  assert json.loads(pathlib.Path(path).read_text()) == got
+  back = cc.result_from_record(next(r for r in got["runs"] if r["method"] == "rloo"))
+  assert back.eval_success == 0.25 and back.success.shape == (2,)
