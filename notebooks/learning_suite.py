@@ -73,6 +73,12 @@ print(f"SMALL={SMALL}  envs={[s.env for s in SPECS]}  seeds={SEEDS}  runs in {RU
 
 # %%
 start = time.time()
+RESULTS_PATH = OUTPUT_DIR / "results" / "learning_suite.json"
+if not SMALL and RESULTS_PATH.exists():
+  # Runs recorded earlier (other sessions or machines) are read back, not run again.
+  previous = json.loads(RESULTS_PATH.read_text())
+  if not previous.get("small"):
+    print(f"{ls.restore_runs(previous['runs'], RUNS_DIR)} runs restored from {RESULTS_PATH}")
 ls.run_suite(SPECS, SEEDS, RUNS_DIR)
 # Every finished run in the directory, also those of envs not chosen this time.
 results = [json.loads(p.read_text()) for p in sorted(RUNS_DIR.glob(f"*/seed_*/{ls.RESULT_FILE}"))]
@@ -109,7 +115,7 @@ print("wrote", figure_path)
 
 # %%
 (OUTPUT_DIR / "results").mkdir(parents=True, exist_ok=True)
-results_path = OUTPUT_DIR / "results" / "learning_suite.json"
+results_path = RESULTS_PATH
 results_path.write_text(json.dumps({"small": SMALL, "seeds": list(SEEDS), "summary": summary,
                                     "runs": results, "table": ls.table(summary)}, indent=1))
 print("wrote", results_path)

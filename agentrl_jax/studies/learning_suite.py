@@ -232,6 +232,22 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
   return summary
 
 
+def restore_runs(records: Sequence[dict[str, Any]], runs_dir: str | os.PathLike[str]) -> int:
+  """Writes each finished run of an earlier results file where `run_one` reads it back.
+
+  A run already finished in `runs_dir` is kept as it is. Returns how many were restored, so a
+  suite finished in parts on different machines (or sessions) keeps every run it has recorded.
+  """
+  restored = 0
+  for record in records:
+    done = workdir_of(runs_dir, record["env"], int(record["seed"])) / RESULT_FILE
+    if not done.exists():
+      done.parent.mkdir(parents=True, exist_ok=True)
+      done.write_text(json.dumps(record, indent=1))
+      restored += 1
+  return restored
+
+
 def run_suite(specs: Sequence[EnvRun], seeds: Sequence[int], runs_dir: str | os.PathLike[str],
               *, log=print) -> list[dict[str, Any]]:
   """Every (env, seed), env by env; a failed run is logged and left for the next pass."""

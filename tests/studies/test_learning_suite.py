@@ -96,3 +96,18 @@ def test_every_full_size_config_exists_and_every_method_config_is_in_the_suite()
   env_configs |= {p.name for p in ls.CONFIGS.glob("smollm2_*.gin")}
   methods = {p.name for p in ls.CONFIGS.glob("*.gin")} - env_configs
   assert methods <= {s.gin_file for s in ls.METHODS}, methods - {s.gin_file for s in ls.METHODS}
+
+
+def test_restored_runs_are_read_back_and_finished_ones_kept(tmp_path):
+  recorded = [{"env": "terminal", "seed": 1, "before": 0.0, "warm_start": 0.8, "after": 0.75,
+               "curve": [[0, 0.8], [30, 0.75]], "wall_s": 600.0},
+              {"env": "terminal", "seed": 2, "before": 0.0, "warm_start": 0.5, "after": 0.5,
+               "curve": [[0, 0.5], [30, 0.5]], "wall_s": 500.0}]
+  finished = ls.workdir_of(tmp_path, "terminal", 2) / ls.RESULT_FILE
+  finished.parent.mkdir(parents=True)
+  finished.write_text(json.dumps({**recorded[1], "after": 0.9}))
+  assert ls.restore_runs(recorded, tmp_path) == 1
+  spec = ls.EnvRun(env="terminal", gin_file="terminal_grpo.gin")
+  # Nothing is launched: both come back from their directories, the local one unchanged.
+  assert ls.run_one(spec, 1, tmp_path)["after"] == 0.75
+  assert ls.run_one(spec, 2, tmp_path)["after"] == 0.9
