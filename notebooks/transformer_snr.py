@@ -28,7 +28,8 @@
 # * full size: `STUDY_RUNS_DIR=runs python notebooks/transformer_snr.py`
 # * the policy warmed to π ≈ ½ on every turn first (25 Adam steps of its entropy over "0"/"1" on
 #   episodes the measurement does not use): `STUDY_WARMUP=25 STUDY_RUNS_DIR=runs python
-#   notebooks/transformer_snr.py`, recorded as `results/transformer_snr_uniform*.json`
+#   notebooks/transformer_snr.py`, recorded as `results/transformer_snr_uniform*.json`;
+#   `STUDY_NOISE=1` adds outcome noise σ_ε = 1 per episode (`..._noise1*.json`)
 # * CI size: `SMALL=1 python notebooks/transformer_snr.py`
 # * as a notebook: `jupytext --to ipynb --execute notebooks/transformer_snr.py` rewrites the
 #   paired `transformer_snr.ipynb` (needs the `notebooks` extra: jupytext, nbconvert, ipykernel).
@@ -74,15 +75,18 @@ SEED = int(os.environ.get("STUDY_SEED", "0"))  # Model and sampling seed; 0 made
 # the law's tabular policy); 0 measures the random initialisation. Warmed runs are recorded
 # under their own name ("transformer_snr_uniform...").
 WARMUP = int(os.environ.get("STUDY_WARMUP", "0"))
+# σ_ε, the outcome noise (each episode its own draw); > 0 is the law's assumption that a turn
+# term's variance is its second moment (A3). Recorded under "..._noise<σ>".
+NOISE = float(os.environ.get("STUDY_NOISE", "0"))
 
 if SMALL:
   SPEC = ts.StudySpec(horizon=8, num_decisions=(1, 2, 4, 8), num_groups=16, seed=SEED,
-                      warmup_steps=WARMUP)
+                      warmup_steps=WARMUP, noise_std=NOISE)
 else:
   SPEC = ts.StudySpec(horizon=32, num_decisions=(1, 2, 4, 8, 16, 32), num_groups=256, seed=SEED,
-                      warmup_steps=WARMUP)
+                      warmup_steps=WARMUP, noise_std=NOISE)
 NUM_RESAMPLES = 50 if SMALL else 200
-STEM = "transformer_snr_uniform" if WARMUP else "transformer_snr"
+STEM = "transformer_snr" + ("_uniform" if WARMUP else "") + (f"_noise{NOISE:g}" if NOISE else "")
 CACHE = RUNS_DIR / f"{STEM}_{'small' if SMALL else 'full'}_seed{SEED}"
 print(f"SMALL={SMALL}  spec={SPEC}\nchunks in {CACHE}  devices={jax.devices()}")
 
@@ -206,7 +210,7 @@ paths = [OUTPUT_DIR / "results" / f"{STEM}.json",
          *sorted((OUTPUT_DIR / "results").glob(f"{STEM}_seed[0-9]*.json"))]
 records = [json.loads(p.read_text()) for p in paths if p.exists()]
 records = [r for r in records if r.get("small") == SMALL and r["spec"]["horizon"] == SPEC.horizon
-           and r["spec"].get("warmup_steps", 0) == WARMUP]
+           and r["spec"].get("warmup_steps", 0) == WARMUP and r["spec"]["noise_std"] == NOISE]
 seeds = ts.across_seeds(records)
 for name, e in seeds["estimators"].items():
   fit = e["pooled_fit"]
