@@ -37,6 +37,8 @@
 #   `STUDY_SETTINGS=dd_chain_t32_m2,...` picks settings. The results JSON is rewritten after every
 #   run and read back on the next start, so the benchmark can be finished in parts. A chain run
 #   takes about 55-70 s on 2 cores (35 per setting), a 6x6 FrozenLake run much longer.
+#   `STUDY_ANALYSE_ONLY=1` trains nothing and analyses the (setting, method) pairs whose every seed
+#   is in the results file.
 # * CI size: `SMALL=1 python notebooks/credit_comparison.py`
 # * as a notebook: `jupytext --to ipynb --execute notebooks/credit_comparison.py`.
 #
@@ -147,6 +149,17 @@ done = {(r["env"], r["method"], r["seed"]): cc.result_from_record(r)
         for r in saved.get("runs", [])
         if saved.get("specs", {}).get(r["env"]) == spec_record(spec_for(r["env"]))}
 print(f"{len(done)} runs read back from {RESULTS_PATH}")
+# STUDY_ANALYSE_ONLY=1: no training; the plan shrinks to the (setting, method) pairs whose every
+# seed is in the results file, and the table, tests and figure are made from those.
+if os.environ.get("STUDY_ANALYSE_ONLY") == "1":
+  PLAN = {env: [name for name in names if all((env, name, seed) in done for seed in SEEDS)]
+          for env, names in PLAN.items()}
+  PLAN = {env: names for env, names in PLAN.items() if names}
+  if not PLAN:
+    raise ValueError(f"STUDY_ANALYSE_ONLY: no (setting, method) in {RESULTS_PATH} has all seeds "
+                     f"{SEEDS}")
+  SPECS = {env: spec_for(env) for env in PLAN}
+  print(f"analysing the finished runs only: {PLAN}")
 
 
 def save_runs(results, extra=None):
