@@ -202,8 +202,9 @@ print(table)
 comparisons = [c for statistic in cc.STATISTICS
                for c in cc.against_baseline(results, statistic=statistic)]
 for c in comparisons:
-  print(f"{c.env:16s} {c.method:15s} {c.statistic:24s} vs grpo: {c.difference:+.3f}, "
-        f"p = {c.p_value:.3f} ({c.num_seeds} seeds)")
+  print(f"{c.env:16s} {c.method:16s} {c.statistic:24s} vs grpo: {c.difference:+.3f}, "
+        f"Mann–Whitney p = {c.p_value:.3f}, paired by seed p = {c.paired_p_value:.3f} "
+        f"({c.num_seeds} seeds)")
 
 # %% [markdown]
 # ## Iterations to threshold: trajectory-level ÷ oracle turn-level credit

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
@@ -414,7 +415,10 @@ def results_table(summaries: Sequence[Summary]) -> str:
 
 class Comparison(NamedTuple):
   """One method against GRPO on one setting and one per-run statistic (see `STATISTICS`), over
-  seeds, with the one-sided Mann–Whitney test of "this method does better"."""
+  seeds: the one-sided Mann–Whitney test of "this method does better" (`p_value`), and the
+  one-sided Wilcoxon signed-rank test of the same over the runs paired by seed
+  (`paired_p_value`): runs of one seed start from the same policy and play the same first
+  batch, so the seed is shared variation the paired test removes."""
 
   method: str
   env: str
@@ -422,6 +426,7 @@ class Comparison(NamedTuple):
   num_seeds: int
   difference: float  # the method's mean statistic minus GRPO's
   p_value: float
+  paired_p_value: float  # NaN without a seed in common
 
 
 # Per-run statistics a method is compared on, and the Mann–Whitney alternative that means "better".
@@ -461,17 +466,22 @@ def against_baseline(results: Sequence[RunResult], baseline: str = "grpo",
   """Every (method, setting) with runs of `baseline` on the same setting, in first-seen order."""
   if statistic not in STATISTICS:
     raise ValueError(f"unknown statistic {statistic!r}; known: {sorted(STATISTICS)}")
-  values: dict[tuple[str, str], list[float]] = {}
+  values: dict[tuple[str, str], dict[int, float]] = {}
   for r in results:
-    values.setdefault((r.method, r.env), []).append(run_statistic(r, statistic))
+    values.setdefault((r.method, r.env), {})[int(r.seed)] = run_statistic(r, statistic)
+  alternative = STATISTICS[statistic]
   out = []
   for (method, env), own in values.items():
     base = values.get((baseline, env))
     if method == baseline or not base:
       continue
-    test = fits.mann_whitney_u(np.asarray(own), np.asarray(base),
-                               alternative=STATISTICS[statistic])
+    test = fits.mann_whitney_u(np.asarray(list(own.values())), np.asarray(list(base.values())),
+                               alternative=alternative)
+    seeds = sorted(set(own) & set(base))
+    paired = (fits.wilcoxon_signed_rank([own[k] for k in seeds], [base[k] for k in seeds],
+                                        alternative=alternative).p_value if seeds else math.nan)
     out.append(Comparison(method=method, env=env, statistic=statistic, num_seeds=len(own),
-                          difference=float(np.mean(own) - np.mean(base)),
-                          p_value=float(test.p_value)))
+                          difference=float(np.mean(list(own.values()))
+                                           - np.mean(list(base.values()))),
+                          p_value=float(test.p_value), paired_p_value=float(paired)))
   return out

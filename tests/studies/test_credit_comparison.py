@@ -241,6 +241,12 @@ def test_against_baseline_on_learning_speed():
   assert (steps.statistic, steps.difference) == ("iterations_to_threshold", -2.0)
   want = cc.fits.mann_whitney_u(np.full(5, 2.0), np.full(5, 4.0), alternative="less")
   assert steps.p_value == pytest.approx(want.p_value) and steps.p_value < 0.01
+  # Paired by seed: all five differences negative, the smallest one-sided p, 1/32.
+  assert steps.paired_p_value == 1 / 32
+  # No seed in common with GRPO: no paired test.
+  (lone,) = cc.against_baseline(results[:5] + [_curve("lone", 9, fast)],
+                                statistic="iterations_to_threshold")
+  assert lone.method == "lone" and np.isnan(lone.paired_p_value)
   (area,) = cc.against_baseline(results, statistic="mean_train_success")
   assert area.difference == pytest.approx(np.mean(fast) - np.mean(slow)) and area.p_value < 0.01
   (final,) = cc.against_baseline(results, statistic="final_eval_success")

@@ -91,3 +91,35 @@ def test_t_quantile_vs_scipy():
   stats = pytest.importorskip("scipy.stats")
   for df in (1, 2, 7, 30, 31, 60, 500):
     np.testing.assert_allclose(fits.t_quantile_975(df), stats.t.ppf(0.975, df), rtol=2e-3)
+
+
+def test_wilcoxon_signed_rank_hand_checked():
+  # d = [+1, +2, -3, 0, +4]: the zero is dropped; ranks of |d| = 1, 2, 3, 4; W+ = 1 + 2 + 4 = 7.
+  # Under the null W+ is the sum of a random subset of {1, 2, 3, 4}; the subsets summing to >= 7
+  # are {3,4}, {1,2,4}, {1,3,4}, {2,3,4}, {1,2,3,4}: p = 5/16.
+  out = fits.wilcoxon_signed_rank([2, 3, 0, 5, 6], [1, 1, 3, 5, 2], "greater")
+  assert (out.w, out.n) == (7.0, 4)
+  assert out.p_value == 5 / 16
+  # All differences positive over 5 pairs: the smallest one-sided p, 1/32.
+  assert fits.wilcoxon_signed_rank([2, 3, 4, 5, 6], [1, 1, 1, 1, 1], "greater").p_value == 1 / 32
+  assert fits.wilcoxon_signed_rank([1, 1], [1, 1], "less") == fits.SignedRank(0.0, 1.0, 0)
+  with pytest.raises(ValueError, match="one size"):
+    fits.wilcoxon_signed_rank([1, 2], [1])
+
+
+def test_wilcoxon_signed_rank_vs_scipy():
+  stats = pytest.importorskip("scipy.stats")
+  rng = np.random.RandomState(1)
+  x, y = rng.randn(12), rng.randn(12) + 0.5
+  for alternative in ("less", "greater", "two-sided"):
+    want = stats.wilcoxon(x, y, alternative=alternative, method="exact")
+    got = fits.wilcoxon_signed_rank(x, y, alternative)
+    np.testing.assert_allclose(got.p_value, want.pvalue, rtol=1e-9)
+  # scipy reports min(W+, W-) for two-sided, W+ for one-sided.
+  want = stats.wilcoxon(x, y, alternative="greater", method="exact")
+  assert fits.wilcoxon_signed_rank(x, y, "greater").w == pytest.approx(want.statistic)
+  x, y = rng.randn(30), rng.randn(30) + 0.3
+  for alternative in ("less", "greater", "two-sided"):
+    want = stats.wilcoxon(x, y, alternative=alternative, method="approx", correction=True)
+    got = fits.wilcoxon_signed_rank(x, y, alternative)
+    np.testing.assert_allclose(got.p_value, want.pvalue, rtol=1e-9)
