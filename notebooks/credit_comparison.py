@@ -57,7 +57,6 @@
 # and GRPO + curiosity equals GRPO there up to sampling.
 
 # %%
-import dataclasses
 import json
 import os
 import pathlib
@@ -74,7 +73,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from agentrl_jax.studies import credit_comparison as cc
-from agentrl_jax.studies import fits
 
 SMALL = os.environ.get("SMALL", "0") == "1"
 HERE = pathlib.Path(__file__).resolve().parent if "__file__" in globals() else pathlib.Path.cwd()
@@ -96,10 +94,8 @@ if SMALL:
 elif os.environ.get("STUDY_SET") == "benchmark":
   # The credit benchmark: low decision densities and longer horizons, five seeds, equal
   # environment steps within a setting (the same episodes per iteration and iterations for every
-  # method). Every method solves a T = 32 chain within about 10 iterations at this learning rate
-  # (measured: GRPO, GiGPO, MT-GRPO and PPO-GAE reach 0.9 training success at iteration 7-8 at
-  # m = 8), so 20 iterations cover the part where speed can differ; 6x6 FrozenLake keeps 50.
-  SPEC = cc.ComparisonSpec(num_iterations=20, tasks_per_iteration=8, group_size=8)
+  # method; `cc.benchmark_spec`: 20 iterations on the chains, 50 on 6x6 FrozenLake).
+  SPEC = cc.BENCHMARK_SPEC
   SEEDS = [0, 1, 2, 3, 4]
   settings = os.environ.get("STUDY_SETTINGS", ",".join(cc.BENCHMARK_SETTINGS)).split(",")
   unknown = sorted(set(settings) - set(cc.BENCHMARK_SETTINGS))
@@ -122,14 +118,7 @@ METHODS = {m.name: m for m in cc.METHODS}
 BENCHMARK = os.environ.get("STUDY_SET") == "benchmark" and not SMALL
 NAME = "credit_benchmark" if BENCHMARK else "credit_comparison"
 
-
-def spec_for(env):
-  if BENCHMARK and env == "frozenlake_6x6":
-    return dataclasses.replace(SPEC, num_iterations=50)
-  return SPEC
-
-
-SPECS = {env: spec_for(env) for env in PLAN}
+SPECS = {env: cc.benchmark_spec(env) if BENCHMARK else SPEC for env in cc.SETTINGS}
 RESULTS_PATH = OUTPUT_DIR / "results" / f"{NAME}.json"
 print(f"SMALL={SMALL}  spec={SPEC}  seeds={SEEDS}  runs in {RUNS_DIR}  devices={jax.devices()}")
 
@@ -140,14 +129,7 @@ print(f"SMALL={SMALL}  spec={SPEC}  seeds={SEEDS}  runs in {RUNS_DIR}  devices={
 # the setting's spec is unchanged), so the study can be finished in parts, on other machines too.
 
 # %%
-def spec_record(spec):
-  return {f: getattr(spec, f) for f in spec.__dataclass_fields__}
-
-
-saved = json.loads(RESULTS_PATH.read_text()) if RESULTS_PATH.exists() else {}
-done = {(r["env"], r["method"], r["seed"]): cc.result_from_record(r)
-        for r in saved.get("runs", [])
-        if saved.get("specs", {}).get(r["env"]) == spec_record(spec_for(r["env"]))}
+done = {} if SMALL else cc.read_results_file(str(RESULTS_PATH), SPECS)
 print(f"{len(done)} runs read back from {RESULTS_PATH}")
 # STUDY_ANALYSE_ONLY=1: no training; the plan shrinks to the (setting, method) pairs whose every
 # seed is in the results file, and the table, tests and figure are made from those.
@@ -158,18 +140,11 @@ if os.environ.get("STUDY_ANALYSE_ONLY") == "1":
   if not PLAN:
     raise ValueError(f"STUDY_ANALYSE_ONLY: no (setting, method) in {RESULTS_PATH} has all seeds "
                      f"{SEEDS}")
-  SPECS = {env: spec_for(env) for env in PLAN}
   print(f"analysing the finished runs only: {PLAN}")
-
-
-def save_runs(results, extra=None):
-  # Merged into the file under a lock: other processes may be running other methods or settings.
-  # A SMALL run replaces the file instead: its runs share keys with the full size's.
-  if SMALL:
-    RESULTS_PATH.unlink(missing_ok=True)
-  cc.merge_results_file(str(RESULTS_PATH), results, {e: spec_record(s) for e, s in SPECS.items()},
-                        small=SMALL, seeds=SEEDS, **(extra or {}))
-
+# Runs are merged into the results file under a lock (other processes may be running other
+# methods or settings); the CI size replaces the file instead, its runs sharing keys with the
+# full size's.
+PLAN_SPECS = {env: cc.spec_record(SPECS[env]) for env in PLAN}
 
 start = time.time()
 results = []
@@ -183,7 +158,7 @@ for env, names in PLAN.items():
       results.append(cc.run_method(str(RUNS_DIR / f"{env}_{name}_seed{seed}"),
                                    method=METHODS[name], env=env, seed=seed, spec=SPECS[env]))
       if not SMALL:
-        save_runs(results)
+        cc.merge_results_file(str(RESULTS_PATH), results, PLAN_SPECS, small=SMALL, seeds=SEEDS)
       print(f"{env:10s} {name:15s} seed {seed}: final train success "
             f"{results[-1].success[-1]:.3f}, held-out {results[-1].eval_success:.3f} "
             f"({time.time() - run_start:.0f} s)", flush=True)
@@ -217,28 +192,11 @@ for c in comparisons:
 # 1 by construction and is not run.
 
 # %%
-runs_by_key = {(r.env, r.method, r.seed): r for r in results}
-gap_settings = [env for env, names in PLAN.items()
-                if {"grpo", "grpo_oracle_turn"} <= set(names)]
-
-
-def steps_to_threshold(env, name):
-  return [cc.iterations_to_threshold(runs_by_key[env, name, seed].success) for seed in SEEDS]
-
-
-step_gaps = []
-if gap_settings:
-  gap = fits.step_gap(np.array([steps_to_threshold(e, "grpo") for e in gap_settings]),
-                      np.array([steps_to_threshold(e, "grpo_oracle_turn") for e in gap_settings]))
-  for i, env in enumerate(gap_settings):
-    kwargs = cc.SETTINGS[env].env_kwargs
-    step_gaps.append({"env": env, "rho": kwargs["num_decisions"] / kwargs["horizon"],
-                      "median_grpo": float(gap.median_traj[i]),
-                      "median_oracle_turn": float(gap.median_turn[i]),
-                      "gap": float(gap.gap[i]), "p_value": float(gap.p_value[i])})
-    print(f"{env}: rho = {step_gaps[-1]['rho']:.4f}, median iterations GRPO "
-          f"{gap.median_traj[i]:.1f} vs oracle turn-level {gap.median_turn[i]:.1f}: gap "
-          f"{gap.gap[i]:.2f}, p = {gap.p_value[i]:.3f}")
+step_gaps = cc.step_gaps(results)
+for g in step_gaps:
+  print(f"{g['env']}: rho = {g['rho']:.4f}, median iterations GRPO {g['median_grpo']:.1f} vs "
+        f"oracle turn-level {g['median_grpo_oracle_turn']:.1f}: gap {g['gap']:.2f}, "
+        f"p = {g['p_value']:.3f} ({g['num_seeds']} seeds)")
 
 # %%
 envs = list(PLAN)
@@ -270,8 +228,9 @@ print("wrote", figure_path)
 # %%
 (OUTPUT_DIR / "results").mkdir(parents=True, exist_ok=True)
 (OUTPUT_DIR / "results" / f"{NAME}.md").write_text(table + "\n")
-save_runs(results, {"plan": PLAN, "runtime_s": elapsed,
-                    "against_grpo": [c._asdict() for c in comparisons], "step_gap": step_gaps})
+cc.merge_results_file(str(RESULTS_PATH), results, PLAN_SPECS, fresh=SMALL, small=SMALL,
+                      seeds=SEEDS, plan=PLAN, runtime_s=elapsed,
+                      against_grpo=[c._asdict() for c in comparisons], step_gap=step_gaps)
 results_path = RESULTS_PATH
 print("wrote", results_path)
 

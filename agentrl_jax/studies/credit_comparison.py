@@ -192,6 +192,26 @@ class ComparisonSpec:
       raise ValueError(f"ComparisonSpec.learning_rate must be > 0, got {self.learning_rate!r}")
 
 
+# The benchmark's sizes: every method solves a T = 32 chain within about 10 iterations at this
+# learning rate (GRPO, GiGPO, MT-GRPO and PPO-GAE reached 0.9 training success at iteration 7-8 at
+# m = 8), so 20 iterations cover the part where speed can differ; 6x6 FrozenLake keeps 50.
+BENCHMARK_SPEC = ComparisonSpec(num_iterations=20, tasks_per_iteration=8, group_size=8)
+_BENCHMARK_ITERATIONS = MappingProxyType({"frozenlake_6x6": 50})
+
+
+def benchmark_spec(setting: str) -> ComparisonSpec:
+  """The credit benchmark's `ComparisonSpec` for `setting` (equal environment steps within it)."""
+  if setting not in SETTINGS:
+    raise ValueError(f"unknown env setting {setting!r}; known: {sorted(SETTINGS)}")
+  iterations = _BENCHMARK_ITERATIONS.get(setting, BENCHMARK_SPEC.num_iterations)
+  return dataclasses.replace(BENCHMARK_SPEC, num_iterations=iterations)
+
+
+def spec_record(spec: ComparisonSpec) -> dict[str, Any]:
+  """`spec` as the JSON-ready dict a results file keys its runs' validity on."""
+  return dataclasses.asdict(spec)
+
+
 class RunResult(NamedTuple):
   """One (method, env, seed) run; per-iteration arrays `[num_iterations]`."""
 
@@ -322,20 +342,21 @@ def result_from_record(record: Mapping[str, Any]) -> RunResult:
 
 
 def merge_results_file(path: str, results: Sequence[RunResult], specs: Mapping[str, Any],
-                       **fields: Any) -> dict[str, Any]:
+                       *, fresh: bool = False, **fields: Any) -> dict[str, Any]:
   """Adds `results` to the study's results JSON at `path` and returns what it now holds.
 
   Runs already in the file are kept unless `results` has the same (env, method, seed); `specs`
   (per env) and `fields` replace the file's entries of the same name. The read-merge-write runs
   under an exclusive lock on `path + ".lock"` and the file is replaced atomically, so several
   processes can work through one study's runs (each its own methods or settings) without
-  dropping each other's.
+  dropping each other's. `fresh=True` replaces the file's content instead (a study whose runs
+  must not mix with the file's, e.g. the CI size).
   """
   files.makedirs(os.path.dirname(path) or ".")
   with open(path + ".lock", "w", encoding="utf-8") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     payload: dict[str, Any] = {}
-    if os.path.exists(path):
+    if os.path.exists(path) and not fresh:
       with open(path, encoding="utf-8") as f:
         payload = json.load(f)
     runs = {(r["env"], r["method"], r["seed"]): r for r in payload.get("runs", [])}
@@ -348,6 +369,47 @@ def merge_results_file(path: str, results: Sequence[RunResult], specs: Mapping[s
       json.dump(payload, f, indent=2)
     os.replace(tmp, path)
   return payload
+
+
+def read_results_file(path: str, specs: Mapping[str, ComparisonSpec]
+                      ) -> dict[tuple[str, str, int], RunResult]:
+  """The finished runs in a results JSON whose setting is in `specs` with the same spec, keyed by
+  (env, method, seed); `{}` when there is no file."""
+  if not os.path.exists(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    payload = json.load(f)
+  recorded = payload.get("specs", {})
+  return {(r["env"], r["method"], int(r["seed"])): result_from_record(r)
+          for r in payload.get("runs", [])
+          if r["env"] in specs and recorded.get(r["env"]) == spec_record(specs[r["env"]])}
+
+
+def step_gaps(results: Sequence[RunResult], baseline: str = "grpo",
+              turn: str = "grpo_oracle_turn") -> list[dict[str, Any]]:
+  """Iterations to `SUCCESS_THRESHOLD`, trajectory-level ÷ oracle turn-level, per chain setting.
+
+  For each setting with runs of both `baseline` and `turn` on the same seeds: both medians, their
+  ratio and the one-sided Mann–Whitney p of "the gated runs need fewer" (`fits.step_gap`), with
+  ρ = m/T of the chain.
+  """
+  steps: dict[tuple[str, str], dict[int, int]] = {}
+  for r in results:
+    if r.method in (baseline, turn):
+      steps.setdefault((r.env, r.method), {})[int(r.seed)] = iterations_to_threshold(r.success)
+  out = []
+  for env in dict.fromkeys(r.env for r in results):
+    traj, gated = steps.get((env, baseline)), steps.get((env, turn))
+    if not traj or not gated or set(traj) != set(gated):
+      continue
+    seeds = sorted(traj)
+    gap = fits.step_gap(np.array([[traj[k] for k in seeds]]), np.array([[gated[k] for k in seeds]]))
+    kwargs = SETTINGS[env].env_kwargs
+    out.append({"env": env, "rho": kwargs["num_decisions"] / kwargs["horizon"],
+                "num_seeds": len(seeds), "median_" + baseline: float(gap.median_traj[0]),
+                "median_" + turn: float(gap.median_turn[0]), "gap": float(gap.gap[0]),
+                "p_value": float(gap.p_value[0])})
+  return out
 
 
 def _read_result(path: str) -> RunResult:

@@ -1,6 +1,7 @@
 """Tests for agentrl_jax.studies.credit_comparison (the plumbing; training itself runs in the
 notebook, whose SMALL execution tests/notebooks runs)."""
 
+import dataclasses
 import json
 import pathlib
 
@@ -282,3 +283,38 @@ def test_results_file_merges_runs_from_several_writers(tmp_path):
   assert json.loads(pathlib.Path(path).read_text()) == got
   back = cc.result_from_record(next(r for r in got["runs"] if r["method"] == "rloo"))
   assert back.eval_success == 0.25 and back.success.shape == (2,)
+
+
+def test_benchmark_specs_and_reading_back_only_runs_of_the_same_spec(tmp_path):
+  assert cc.benchmark_spec("dd_chain_t32_m2").num_iterations == 20
+  assert cc.benchmark_spec("frozenlake_6x6").num_iterations == 50
+  with pytest.raises(ValueError, match="unknown env setting"):
+    cc.benchmark_spec("dd_chain_t64")
+  path = str(tmp_path / "bench.json")
+  assert cc.read_results_file(path, {}) == {}
+  chain, lake = cc.benchmark_spec("dd_chain"), cc.benchmark_spec("frozenlake")
+  runs = [_final("grpo", "dd_chain", 0, 1.0), _final("grpo", "frozenlake", 0, 0.5)]
+  cc.merge_results_file(path, runs, {"dd_chain": cc.spec_record(chain),
+                                     "frozenlake": cc.spec_record(lake)})
+  # A setting whose spec changed since is not read back; one not asked for neither.
+  changed = dataclasses.replace(lake, learning_rate=1e-4)
+  got = cc.read_results_file(path, {"dd_chain": chain, "frozenlake": changed})
+  assert list(got) == [("dd_chain", "grpo", 0)] and got["dd_chain", "grpo", 0].eval_success == 1.0
+  # fresh=True replaces what the file held.
+  cc.merge_results_file(path, [_final("rloo", "dd_chain", 1, 0.0)], {}, fresh=True)
+  assert cc.read_results_file(path, {"dd_chain": chain}) == {}
+
+
+def test_step_gaps_per_chain():
+  # rho = 2/32: GRPO crosses 0.9 at iterations 4, 5, 5; the gated runs at 2, 2, 3 -> medians 5 and
+  # 2, gap 2.5. A chain without gated runs is left out.
+  def curve(first):  # training success crossing 0.9 at iteration `first`
+    return np.where(np.arange(1, 9) >= first, 0.95, 0.5)
+  results = [_curve("grpo", s, curve(k)) for s, k in enumerate((4, 5, 5))]
+  results += [_curve("grpo_oracle_turn", s, curve(k)) for s, k in enumerate((2, 2, 3))]
+  results += [_curve("grpo", 0, curve(3))._replace(env="dd_chain_t32_m8")]
+  (gap,) = cc.step_gaps(results)
+  assert (gap["env"], gap["rho"], gap["num_seeds"]) == ("dd_chain_t32_m2", 2 / 32, 3)
+  assert (gap["median_grpo"], gap["median_grpo_oracle_turn"], gap["gap"]) == (5.0, 2.0, 2.5)
+  want = cc.fits.mann_whitney_u(np.array([2, 2, 3]), np.array([4, 5, 5]), alternative="less")
+  assert gap["p_value"] == pytest.approx(want.p_value)
