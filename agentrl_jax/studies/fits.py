@@ -125,6 +125,22 @@ def mean_confidence_band(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
   return mean, mean - half, mean + half
 
 
+def _samples(x, y, alternative: str) -> tuple[np.ndarray, np.ndarray]:
+  """Both samples as flat float64 arrays, after checking `alternative` and finiteness."""
+  if alternative not in _ALTERNATIVES:
+    raise ValueError(f"alternative must be one of {_ALTERNATIVES}, got {alternative!r}")
+  x, y = np.asarray(x, dtype=np.float64).ravel(), np.asarray(y, dtype=np.float64).ravel()
+  if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+    raise ValueError("samples must be finite")
+  return x, y
+
+
+def _p_value(p_less: float, p_greater: float, alternative: str) -> float:
+  """The alternative's p-value; two-sided is twice the smaller one-sided one, capped at 1."""
+  return {"less": p_less, "greater": p_greater,
+          "two-sided": min(1.0, 2.0 * min(p_less, p_greater))}[alternative]
+
+
 def _midranks(values: np.ndarray) -> np.ndarray:
   """Ranks 1..n with ties sharing the mean of their ranks."""
   order = np.argsort(values, kind="stable")
@@ -161,14 +177,10 @@ def mann_whitney_u(x: np.ndarray, y: np.ndarray, alternative: str = "two-sided")
   Returns:
     `MannWhitney(u, p_value, exact)`.
   """
-  if alternative not in _ALTERNATIVES:
-    raise ValueError(f"alternative must be one of {_ALTERNATIVES}, got {alternative!r}")
-  x, y = np.asarray(x, dtype=np.float64).ravel(), np.asarray(y, dtype=np.float64).ravel()
+  x, y = _samples(x, y, alternative)
   n1, n2 = x.size, y.size
   if n1 == 0 or n2 == 0:
     raise ValueError(f"both samples must be non-empty, got sizes {n1} and {n2}")
-  if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
-    raise ValueError("samples must be finite")
   ranks = _midranks(np.concatenate([x, y]))
   offset = n1 * (n1 + 1) / 2.0
   u = float(ranks[:n1].sum() - offset)
@@ -194,9 +206,7 @@ def mann_whitney_u(x: np.ndarray, y: np.ndarray, alternative: str = "two-sided")
     else:
       p_less = 1.0 - _normal_sf((u + 0.5 - mean) / std)
       p_greater = _normal_sf((u - 0.5 - mean) / std)
-  p_value = {"less": p_less, "greater": p_greater,
-             "two-sided": min(1.0, 2.0 * min(p_less, p_greater))}[alternative]
-  return MannWhitney(u=u, p_value=p_value, exact=exact)
+  return MannWhitney(u=u, p_value=_p_value(p_less, p_greater, alternative), exact=exact)
 
 
 # Above this many non-zero pairs the exact sign-flip distribution gives way to the normal one.
@@ -223,13 +233,9 @@ def wilcoxon_signed_rank(x: np.ndarray, y: np.ndarray,
   Returns:
     `SignedRank(w, p_value, n)`.
   """
-  if alternative not in _ALTERNATIVES:
-    raise ValueError(f"alternative must be one of {_ALTERNATIVES}, got {alternative!r}")
-  x, y = np.asarray(x, dtype=np.float64).ravel(), np.asarray(y, dtype=np.float64).ravel()
+  x, y = _samples(x, y, alternative)
   if x.size != y.size or x.size == 0:
     raise ValueError(f"need two non-empty samples of one size, got {x.size} and {y.size}")
-  if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
-    raise ValueError("samples must be finite")
   d = x - y
   d = d[d != 0]
   n = d.size
@@ -247,9 +253,7 @@ def wilcoxon_signed_rank(x: np.ndarray, y: np.ndarray,
     std = math.sqrt(np.sum(ranks**2) / 4.0)
     p_less = 1.0 - _normal_sf((w + 0.5 - mean) / std)
     p_greater = _normal_sf((w - 0.5 - mean) / std)
-  p_value = {"less": p_less, "greater": p_greater,
-             "two-sided": min(1.0, 2.0 * min(p_less, p_greater))}[alternative]
-  return SignedRank(w=w, p_value=p_value, n=n)
+  return SignedRank(w=w, p_value=_p_value(p_less, p_greater, alternative), n=n)
 
 
 def step_gap(steps_traj: np.ndarray, steps_turn: np.ndarray) -> StepGap:
