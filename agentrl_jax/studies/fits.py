@@ -141,6 +141,24 @@ def _p_value(p_less: float, p_greater: float, alternative: str) -> float:
           "two-sided": min(1.0, 2.0 * min(p_less, p_greater))}[alternative]
 
 
+def _exact_tails(null: np.ndarray, statistic: float) -> tuple[float, float]:
+  """(P(T ≤ t), P(T ≥ t)) over an enumerated null distribution of a rank sum.
+
+  Midranks are multiples of 1/2, so rank sums are exact in float64; the slack only absorbs
+  rounding in the summation order.
+  """
+  return float(np.mean(null <= statistic + 1e-9)), float(np.mean(null >= statistic - 1e-9))
+
+
+def _normal_tails(statistic: float, mean: float, std: float) -> tuple[float, float]:
+  """(P(T ≤ t), P(T ≥ t)) by the normal approximation with a 0.5 continuity correction; both 1
+  when the statistic cannot vary."""
+  if std == 0:
+    return 1.0, 1.0
+  return (1.0 - _normal_sf((statistic + 0.5 - mean) / std),
+          _normal_sf((statistic - 0.5 - mean) / std))
+
+
 def _midranks(values: np.ndarray) -> np.ndarray:
   """Ranks 1..n with ties sharing the mean of their ranks."""
   order = np.argsort(values, kind="stable")
@@ -191,21 +209,14 @@ def mann_whitney_u(x: np.ndarray, y: np.ndarray, alternative: str = "two-sided")
         itertools.chain.from_iterable(itertools.combinations(range(n1 + n2), n1)),
         dtype=np.int64).reshape(-1, n1)
     null_u = ranks[splits].sum(axis=1) - offset
-    # Midranks are multiples of 1/2, so U sums are exact in float64; the slack only absorbs
-    # rounding in the summation order.
-    p_less = float(np.mean(null_u <= u + 1e-9))
-    p_greater = float(np.mean(null_u >= u - 1e-9))
+    p_less, p_greater = _exact_tails(null_u, u)
   else:
     mean = n1 * n2 / 2.0
     _, counts = np.unique(ranks, return_counts=True)
     n = n1 + n2
     tie_term = np.sum(counts**3 - counts) / (n * (n - 1))
     std = math.sqrt(n1 * n2 / 12.0 * ((n + 1) - tie_term))
-    if std == 0:
-      p_less = p_greater = 1.0
-    else:
-      p_less = 1.0 - _normal_sf((u + 0.5 - mean) / std)
-      p_greater = _normal_sf((u - 0.5 - mean) / std)
+    p_less, p_greater = _normal_tails(u, mean, std)
   return MannWhitney(u=u, p_value=_p_value(p_less, p_greater, alternative), exact=exact)
 
 
@@ -245,14 +256,9 @@ def wilcoxon_signed_rank(x: np.ndarray, y: np.ndarray,
   w = float(ranks[d > 0].sum())
   if n <= _MAX_EXACT_PAIRS:
     signs = (np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1
-    null_w = signs @ ranks
-    p_less = float(np.mean(null_w <= w + 1e-9))
-    p_greater = float(np.mean(null_w >= w - 1e-9))
+    p_less, p_greater = _exact_tails(signs @ ranks, w)
   else:
-    mean = ranks.sum() / 2.0
-    std = math.sqrt(np.sum(ranks**2) / 4.0)
-    p_less = 1.0 - _normal_sf((w + 0.5 - mean) / std)
-    p_greater = _normal_sf((w - 0.5 - mean) / std)
+    p_less, p_greater = _normal_tails(w, ranks.sum() / 2.0, math.sqrt(np.sum(ranks**2) / 4.0))
   return SignedRank(w=w, p_value=_p_value(p_less, p_greater, alternative), n=n)
 
 
