@@ -193,6 +193,11 @@ def resolve(config: configs.TrainConfig, model, rollout: loop_lib.RolloutConfig,
   if loss is not None and config.batch_size % loss.num_minibatches:
     raise ValueError(f"TrainConfig batch of {config.batch_size} episodes is not divisible into "
                      f"LossConfig.num_minibatches={loss.num_minibatches}")
+  if loss is not None and (config.batch_size // loss.num_minibatches) % loss.micro_batches:
+    raise ValueError(f"minibatch of {config.batch_size // loss.num_minibatches} episodes (TrainConfig "
+                     f"batch {config.batch_size} / LossConfig.num_minibatches="
+                     f"{loss.num_minibatches}) is not divisible into LossConfig.micro_batches="
+                     f"{loss.micro_batches}")
   if checkpoint_model is not None:
     if model is not None:
       diffs = hf.architecture_diff(checkpoint_model, dataclasses.replace(model, vocab_size=tok.vocab_size))
