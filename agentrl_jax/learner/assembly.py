@@ -284,7 +284,8 @@ def initial_state(policy_params, *, model, critic_cfg, seed: int, policy_opt, cr
       policy_params=policy_params, policy_opt_state=policy_opt.init(policy_params),
       critic_params=critic_params,
       critic_opt_state=critic_opt.init(critic_params) if critic_cfg is not None else None,
-      ref_params=policy_params if keep_ref else None)
+      # Its own buffers: the update donates the policy's, and a shared buffer is donated twice.
+      ref_params=jax.tree.map(jnp.copy, policy_params) if keep_ref else None)
 
 
 @dataclasses.dataclass(frozen=True)

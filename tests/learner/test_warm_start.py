@@ -12,7 +12,7 @@ from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
 
 
-def _build():
+def _build(warm_start_iterations=2):
   return learner.build(
       config=configs.TrainConfig(env_name="dd_chain", env_kwargs={"horizon": 4, "num_decisions": 2},
                                  num_iterations=2, tasks_per_iteration=2, group_size=2),
@@ -23,7 +23,8 @@ def _build():
       # The entropy bonus moves the policy even when every reward of the tiny batch is 0.
       loss=step_lib.LossConfig(kl_coef=0.1, micro_batches=2, entropy_coef=0.1),
       optim=configs.OptimConfig(learning_rate=3e-2),
-      warm_start=configs.WarmStartConfig(iterations=2, episodes_per_iteration=8, micro_batches=2,
+      warm_start=configs.WarmStartConfig(iterations=warm_start_iterations, episodes_per_iteration=8,
+                                         micro_batches=2,
                                          learning_rate=3e-2),
       evaluation=configs.EvalConfig(every=100, num_tasks=2, pass_k=0))
 
@@ -49,5 +50,19 @@ def test_kl_reference_is_the_cloned_policy_and_rl_updates_run_after_it(tmp_path)
     for ref, before in zip(_leaves(state.ref_params), cloned):
       np.testing.assert_array_equal(ref, before)  # the reference stays the cloned policy
     assert any(not np.array_equal(a, b) for a, b in zip(_leaves(state.policy_params), cloned))
+  finally:
+    run.method.close()
+
+
+def test_kl_reference_without_a_warm_start_is_the_initial_policy_in_its_own_buffers():
+  run = _build(warm_start_iterations=0)
+  try:
+    initial = _leaves(run.state.policy_params)
+    # The update donates the state: a reference sharing the policy's buffers would be refused.
+    state, metrics, _ = run.method.iteration(run.state, 0)
+    assert np.isfinite(metrics["loss/kl"])
+    for ref, before in zip(_leaves(state.ref_params), initial):
+      np.testing.assert_array_equal(ref, before)
+    assert any(not np.array_equal(a, b) for a, b in zip(_leaves(state.policy_params), initial))
   finally:
     run.method.close()
