@@ -11,6 +11,7 @@ Run from the repository root, one configuration per process (the peak is per pro
     python bench/learner_memory.py                                # remat='layer', micro_batches=4
     python bench/learner_memory.py --remat none --micro_batches 1 --batch 4   # the old path
     python bench/learner_memory.py --dtype bfloat16
+    python bench/learner_memory.py --micro_batches 1 --head_chunk 32    # the LM head in chunks
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def random_batch(batch: int, length: int, vocab: int, actions_per_turn: int) -> 
 
 
 def build_update(config: transformer.TransformerConfig, batch: int, length: int,
-                 actions_per_turn: int, micro_batches: int, learning_rate: float = 1e-5):
+                 actions_per_turn: int, micro_batches: int, learning_rate: float = 1e-5,
+                 head_chunk: int | None = None):
   """(update, state, trajectories) of one GRPO + Adam learner update on a random batch.
 
   `update(state, trajectories)` returns (state, metrics) and donates the state.
@@ -77,7 +79,7 @@ def build_update(config: transformer.TransformerConfig, batch: int, length: int,
       policy_graphdef=graphdef, critic_graphdef=None, policy_optimizer=optimizer,
       critic_optimizer=None,
       advantage_fn=functools.partial(estimators.get_estimator("grpo"), num_groups=batch // 4),
-      loss=step_lib.LossConfig(micro_batches=micro_batches), allowed=None,
+      loss=step_lib.LossConfig(micro_batches=micro_batches, head_chunk=head_chunk), allowed=None,
       max_actions=TURNS * actions_per_turn)
   traj = jax.tree.map(jnp.asarray, random_batch(batch, length, config.vocab_size,
                                                 actions_per_turn))
@@ -99,6 +101,8 @@ def main():
   parser.add_argument("--remat", default="layer", choices=("none", "layer"))
   parser.add_argument("--micro_batches", type=int, default=4)
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  parser.add_argument("--head_chunk", type=int, default=None,
+                      help="LossConfig.head_chunk: action positions per LM-head chunk")
   parser.add_argument("--repeats", type=int, default=1, help="timed updates after the first")
   args = parser.parse_args()
   config = smollm2_135m(remat=args.remat, dtype=args.dtype)
@@ -106,9 +110,9 @@ def main():
   print(f"jax {jax.__version__} on {device.platform}, {os.cpu_count()} CPU cores; "
         f"{transformer.num_params(config):,} params; batch {args.batch} x {args.length} tokens, "
         f"{TURNS * args.actions_per_turn} action tokens per row; remat={args.remat} "
-        f"micro_batches={args.micro_batches} dtype={args.dtype}", flush=True)
+        f"micro_batches={args.micro_batches} dtype={args.dtype} head_chunk={args.head_chunk}", flush=True)
   update, state, traj = build_update(config, args.batch, args.length, args.actions_per_turn,
-                                     args.micro_batches)
+                                     args.micro_batches, head_chunk=args.head_chunk)
   start = time.perf_counter()
   state, metrics = update(state, traj)  # the state is donated
   jax.block_until_ready(metrics)

@@ -67,6 +67,10 @@ class LossConfig:
   # Log `credit/gradient_snr`: the policy gradient's SNR across the minibatch's micro-batches
   # (`micro_batch_snr`, cheap: one extra scalar per micro-batch). Needs micro_batches >= 2.
   gradient_snr: bool = False
+  # The LM head over this many action positions at a time, each chunk recomputed in the backward
+  # (None: all at once). A large vocabulary's logits at every action token are the update's
+  # largest arrays (16 x 192 positions x 49k: 0.6 GB, several held by the backward).
+  head_chunk: int | None = None
 
   def __post_init__(self):
     config_errors.check_field_types(self)
@@ -87,6 +91,8 @@ class LossConfig:
     if self.ppo_epochs < 1 or self.num_minibatches < 1 or self.micro_batches < 1:
       raise ValueError(f"LossConfig: ppo_epochs, num_minibatches and micro_batches must be >= 1, "
                        f"got {self.ppo_epochs}, {self.num_minibatches}, {self.micro_batches}")
+    if self.head_chunk is not None and self.head_chunk < 1:
+      raise ValueError(f"LossConfig.head_chunk must be >= 1 (or None), got {self.head_chunk}")
     if self.agg_mode == "seq-mean-token-sum-norm" and not self.max_len_norm:
       raise ValueError("LossConfig.agg_mode='seq-mean-token-sum-norm' needs max_len_norm (L_max)")
 
@@ -222,7 +228,7 @@ def make_update_fn(
     """`params` are plain model parameters (already merged for LoRA)."""
     routing = traj.extras.get(extra_keys.ROUTING_KEY) if loss.replay_routing else None
     return distribution.action_log_probs(policy_graphdef, params, traj.tokens, positions, view, allowed,
-                            temperature, routing)
+                            temperature, routing, loss.head_chunk)
 
   def forward_critic(params, traj, positions):
     values, _ = transformer.apply(critic_graphdef, params, traj.tokens, positions)

@@ -81,21 +81,53 @@ def action_view(action_mask: jax.Array, max_actions: int) -> ActionView:
 
 def action_log_probs(graphdef: nnx.GraphDef, params, tokens, positions, view: ActionView,
                      allowed: jax.Array | None, temperature: float,
-                     routing: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                     routing: jax.Array | None = None,
+                     head_chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
   """Log-prob and policy entropy [B, K] at the action tokens of `view`.
 
   The hidden state at position t−1 predicts token t, so the head reads the row before each action.
   `routing` [B, L, layers, k] replays a mixture-of-experts policy's recorded expert choices.
+  `head_chunk` evaluates the head `head_chunk` action positions at a time (`chunked_head_terms`).
   """
   model = nnx.merge(graphdef, params)
   features, _ = model.features(tokens, positions, routing=routing)
   prev = jnp.maximum(view.index - 1, 0)
-  logits = model.head_out(jnp.take_along_axis(features, prev[..., None], axis=1))
-  logp_all = policy_log_probs(logits, allowed, temperature)
+  hidden = jnp.take_along_axis(features, prev[..., None], axis=1)
   picked = jnp.take_along_axis(tokens, view.index, axis=1)
-  logp = jnp.take_along_axis(logp_all, picked[..., None], axis=-1)[..., 0]
-  entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+  terms = lambda h, t: head_terms(model.head_out(h), t, allowed, temperature)
+  if head_chunk is None or head_chunk >= hidden.shape[1]:
+    logp, entropy = terms(hidden, picked)
+  else:
+    logp, entropy = chunked_head_terms(terms, hidden, picked, head_chunk)
   return jnp.where(view.valid, logp, 0.0), jnp.where(view.valid, entropy, 0.0)
+
+
+def head_terms(logits: jax.Array, picked: jax.Array, allowed: jax.Array | None,
+               temperature: float) -> tuple[jax.Array, jax.Array]:
+  """Log-prob of `picked` [...] and the policy's entropy under `logits` [..., V]."""
+  logp_all = policy_log_probs(logits, allowed, temperature)
+  logp = jnp.take_along_axis(logp_all, picked[..., None], axis=-1)[..., 0]
+  return logp, -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+
+
+def chunked_head_terms(terms, hidden: jax.Array, picked: jax.Array,
+                       chunk: int) -> tuple[jax.Array, jax.Array]:
+  """`terms(hidden, picked)` over `chunk` positions of axis 1 at a time, each rematerialised.
+
+  The full-vocabulary logits of every action position ([B, K, V]: 0.6 GB for 16 × 192 positions
+  of a 49k vocabulary, and the backward holds more of that size) are the largest arrays of a
+  small model's update; a sequential map under `jax.checkpoint` keeps one chunk's alive and
+  recomputes it in the backward, for one more pass of the head.
+  """
+  b, k = picked.shape
+  n = -(-k // chunk)
+  pad = n * chunk - k
+  hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+  picked = jnp.pad(picked, ((0, 0), (0, pad)))
+  blocks = lambda x: jnp.moveaxis(x.reshape(b, n, chunk, *x.shape[2:]), 1, 0)
+  logp, entropy = jax.lax.map(jax.checkpoint(lambda a: terms(*a)), (blocks(hidden), blocks(picked)))
+  unblock = lambda x: jnp.moveaxis(x, 0, 1).reshape(b, n * chunk)[:, :k]
+  return unblock(logp), unblock(entropy)
 
 
 def floor_per_token(turn_of_token: jax.Array, context_floor: jax.Array) -> jax.Array:

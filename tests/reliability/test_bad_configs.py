@@ -24,6 +24,7 @@ BAD_BINDINGS = [
     ("step.LossConfig.dual_clip = 0.5", "dual_clip"),
     ("step.LossConfig.num_minibatches = 3", "divisible"),
     ("step.LossConfig.micro_batches = 3", "LossConfig.micro_batches=3"),
+    ("step.LossConfig.head_chunk = 0", "head_chunk"),
     ("sampler.SamplingConfig.temperature = -1.0", "temperature"),
     ("loop.RolloutConfig.obs_buckets = (64, 48)", "ascending"),
     ("loop.RolloutConfig.max_turns = 5", "runs up to 10 turns"),
