@@ -13,6 +13,11 @@ costs one token (the letter with its leading space) and every row break one more
 
 The first observation is one instruction line and the board; every later one is a short feedback
 line ("moved right", "hit wall", "slipped up", "invalid action 'jump': use ...") and the board.
+
+With `describe_moves=True` every observation ends with one more line that says, in words, where
+each move leads: "left: wall, down: ice, right: hole, up: wall". A small pretrained chat model
+does not read a letter grid in two dimensions (SmolLM2-135M answers the same move on every board);
+the line states the one-step consequences the grid implies, and nothing the grid does not hold.
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ class FrozenLake(base.TextEnv):
   action_words = ACTIONS
 
   def __init__(self, size: int = 4, hole_prob: float = 0.2, max_turns: int = 10,
-               slippery: float = 0.0, free_text_actions: bool = False):
+               slippery: float = 0.0, free_text_actions: bool = False,
+               describe_moves: bool = False):
     """Builds the env; the map itself is drawn at `reset`.
 
     Args:
@@ -66,6 +72,8 @@ class FrozenLake(base.TextEnv):
       slippery: probability that a move goes in a random perpendicular direction, in [0, 1].
       free_text_actions: also accept a reply that names exactly one move ("I move right."), for
         a pretrained chat policy (`base.parse_action`).
+      describe_moves: end every observation with a line naming what each move reaches (wall,
+        ice, hole or goal), see the module docstring.
     """
     if not base.is_int(size) or size < 2:
       raise ValueError(f"size must be an int >= 2, got {size!r}")
@@ -82,6 +90,7 @@ class FrozenLake(base.TextEnv):
     self.hole_prob = float(hole_prob)
     self.slippery = float(slippery)
     self.free_text_actions = bool(free_text_actions)
+    self.describe_moves = bool(describe_moves)
     self._holes = np.zeros((size, size), dtype=bool)
     self._pos = (0, 0)
     self._rng = np.random.default_rng(0)
@@ -90,10 +99,11 @@ class FrozenLake(base.TextEnv):
   def instructions(self) -> str:
     """The rules and the reply format, for a chat model's system message."""
     n = self.size
+    moves = (" The last line says where each move leads." if self.describe_moves else "")
     return (f"You play FrozenLake on a {n}x{n} grid shown one row per line: P is you, F is safe "
             "ice, H is a hole, G is the goal. You start at the top left; the goal is at the "
-            "bottom right. Each turn, move one cell toward G without stepping on H. Reply with "
-            "one word: left, down, right or up.")
+            f"bottom right.{moves} Each turn, move one cell toward G without stepping on H. Reply "
+            "with one word: left, down, right or up.")
 
   @property
   def goal(self) -> tuple[int, int]:
@@ -131,6 +141,25 @@ class FrozenLake(base.TextEnv):
       rows.append(" ".join(cells))
     return "\n".join(rows)
 
+  def moves_text(self) -> str:
+    """Where each move leads from the player's cell: "left: wall, down: ice, right: hole, ..."."""
+    parts = []
+    for word in ACTIONS:
+      target = self._target(self._pos, word)
+      if target == self._pos:
+        what = "wall"
+      elif target == self.goal:
+        what = "goal"
+      else:
+        what = "hole" if self._holes[target] else "ice"
+      parts.append(f"{word}: {what}")
+    return ", ".join(parts)
+
+  def _view(self) -> str:
+    """The board, and the moves line when `describe_moves` is set."""
+    board = self.board_text()
+    return f"{board}\n{self.moves_text()}" if self.describe_moves else board
+
   def expert_action(self) -> str:
     """A move along a shortest path to the goal (slips ignored)."""
     distances = _distances_to(self._holes, self.goal)
@@ -145,7 +174,7 @@ class FrozenLake(base.TextEnv):
     self._rng = np.random.default_rng(seed)
     self._holes = _sample_holes(self._rng, self.size, self.hole_prob, self.max_turns)
     self._pos = (0, 0)
-    return f"{INSTRUCTION}\n{self.board_text()}"
+    return f"{INSTRUCTION}\n{self._view()}"
 
   def _step(self, action: Any) -> base.StepResult:
     word = base.parse_action(action, ACTIONS, free_text=self.free_text_actions)
@@ -180,7 +209,7 @@ class FrozenLake(base.TextEnv):
 
   def _result(self, feedback: str, reward: float, done: bool,
               info: dict[str, Any]) -> base.StepResult:
-    return base.StepResult(f"{feedback}\n{self.board_text()}", reward, done, info)
+    return base.StepResult(f"{feedback}\n{self._view()}", reward, done, info)
 
   def _target(self, pos: tuple[int, int], direction: str) -> tuple[int, int]:
     dr, dc = _DELTAS[direction]

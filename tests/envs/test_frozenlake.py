@@ -194,3 +194,45 @@ def test_registered_under_its_name():
   assert isinstance(env, frozenlake.FrozenLake) and env.name == "frozenlake"
   assert env.action_words == ("left", "down", "right", "up")
   assert len(env.reset(0).split("\n")) == 6
+
+
+def _moves_line_from_board(board_text: str) -> dict[str, str]:
+  """What each move reaches, read off the letter grid: a reference for `describe_moves`."""
+  grid = [row.split(" ") for row in board_text.split("\n")]
+  (r, c), = [(i, j) for i, row in enumerate(grid) for j, cell in enumerate(row) if cell == "P"]
+  out = {}
+  for word, (dr, dc) in (("left", (0, -1)), ("down", (1, 0)), ("right", (0, 1)), ("up", (-1, 0))):
+    rr, cc = r + dr, c + dc
+    if not (0 <= rr < len(grid) and 0 <= cc < len(grid)):
+      out[word] = "wall"
+    else:
+      out[word] = {"F": "ice", "H": "hole", "G": "goal"}[grid[rr][cc]]
+  return out
+
+
+def test_describe_moves_line_agrees_with_the_board_every_turn():
+  env = frozenlake.FrozenLake(hole_prob=0.3, max_turns=8, describe_moves=True)
+  checked = 0
+  for seed in range(30):
+    observation = env.reset(seed)
+    for action in ("down", "right", "right", "down", "left", "down", "right", "up"):
+      lines = observation.split("\n")
+      board, moves = "\n".join(lines[-5:-1]), lines[-1]
+      assert board == env.board_text()
+      said = dict(part.split(": ") for part in moves.split(", "))
+      assert said == _moves_line_from_board(board)
+      checked += 1
+      result = env.step(action)
+      if result.done:
+        break
+      observation = result.observation
+  assert checked > 60
+
+
+def test_describe_moves_off_keeps_the_board_last():
+  plain = frozenlake.FrozenLake(hole_prob=0.2)
+  described = frozenlake.FrozenLake(hole_prob=0.2, describe_moves=True)
+  a, b = plain.reset(3), described.reset(3)
+  assert b.startswith(a + "\n") and b.count("\n") == a.count("\n") + 1
+  assert "where each move leads" in described.instructions
+  assert "where each move leads" not in plain.instructions
