@@ -43,6 +43,11 @@ DECISION_TURN_KEY = "decision_turn"
 STATE_KEY = "state_key"
 ANCHOR_STATE_KEY = "anchor_state_key"
 
+# [B, N] float32 progress potential Φ of the state before and after each turn (FrozenLake: minus
+# the remaining shortest-path moves, scaled; `rewards.potential.potential_based_shaping`).
+POTENTIAL_BEFORE_KEY = "potential_before"
+POTENTIAL_KEY = "potential"
+
 # --- `traj.sub_outcomes` ([B] float32 verifier results) --------------------------------------
 
 EVIDENCE_FOUND_KEY = "evidence_found"

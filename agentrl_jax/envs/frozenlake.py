@@ -62,7 +62,7 @@ class FrozenLake(base.TextEnv):
 
   def __init__(self, size: int = 4, hole_prob: float = 0.2, max_turns: int = 10,
                slippery: float = 0.0, free_text_actions: bool = False,
-               describe_moves: bool = False):
+               describe_moves: bool = False, report_potential: bool = False):
     """Builds the env; the map itself is drawn at `reset`.
 
     Args:
@@ -74,6 +74,8 @@ class FrozenLake(base.TextEnv):
         a pretrained chat policy (`base.parse_action`).
       describe_moves: end every observation with a line naming what each move reaches (wall,
         ice, hole or goal), see the module docstring.
+      report_potential: put the progress potential of the cell before and after each step in
+        the step's info (`potential`), for `rewards.potential.potential_based_shaping`.
     """
     if not base.is_int(size) or size < 2:
       raise ValueError(f"size must be an int >= 2, got {size!r}")
@@ -91,6 +93,7 @@ class FrozenLake(base.TextEnv):
     self.slippery = float(slippery)
     self.free_text_actions = bool(free_text_actions)
     self.describe_moves = bool(describe_moves)
+    self.report_potential = bool(report_potential)
     self._holes = np.zeros((size, size), dtype=bool)
     self._pos = (0, 0)
     self._rng = np.random.default_rng(0)
@@ -176,7 +179,24 @@ class FrozenLake(base.TextEnv):
     self._pos = (0, 0)
     return f"{INSTRUCTION}\n{self._view()}"
 
+  def potential(self) -> float:
+    """Progress potential of the player's cell: minus the moves left to the goal over size², so
+    in (−1, 0]; −1 in a hole or where the goal cannot be reached (worse than any open cell).
+    With `report_potential`, every step's info holds it before and after the step."""
+    distance = self.shortest_path_length
+    if self._holes[self._pos] or distance is None:
+      return -1.0
+    return -distance / self.size ** 2
+
   def _step(self, action: Any) -> base.StepResult:
+    if not self.report_potential:
+      return self._move(action)
+    before = self.potential()
+    result = self._move(action)
+    info = dict(result.info, potential_before=before, potential=self.potential())
+    return result._replace(info=info)
+
+  def _move(self, action: Any) -> base.StepResult:
     word = base.parse_action(action, ACTIONS, free_text=self.free_text_actions)
     if word is None:
       feedback = base.invalid_action_message(action, ACTIONS)
