@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentrl_jax import trajectory as trajectory_lib
 from agentrl_jax import types
 from agentrl_jax.advantages import gae as gae_lib
 from agentrl_jax.advantages import group
@@ -150,6 +151,40 @@ def gae(traj: types.Trajectories, values: Array | None, *,
       returns=jnp.where(valid, out.returns, 0.0).astype(jnp.float32))
 
 
+def turn_gae(traj: types.Trajectories, values: Array | None, *,
+             discount: float = 1.0, lambda_: float = 1.0, whiten: bool = True) -> AdvantageOutput:
+  """Turn-level GAE with a learned critic (docs/methods.md#turn-gae): one advantage per turn.
+
+  The state value of turn k, `V_k`, is the mean of the critic's values over the turn's action
+  tokens — the tokens it is trained on, all toward the same target, the turn's return. Over the
+  turns: `δ_k = r_k + γ·V_{k+1} − V_k` (`V` = 0 after the last turn), `A_k = δ_k + γλ·A_{k+1}`,
+  (`gae.turn_generalized_advantage_estimation`); the critic's targets are `A_k + V_k` on the turn's tokens.
+  Unlike token-level `gae`, the bootstrap skips a whole reply at once, so a λ < 1 trades variance
+  per decision, not per token.
+
+  Args:
+    traj: the batch.
+    values: `[B, L]` critic values at every token (action tokens are read).
+    discount: γ per turn.
+    lambda_: λ per turn.
+    whiten: whiten the advantages over the batch's valid action tokens, as `gae` does.
+  """
+  if values is None:
+    raise ValueError("estimator 'turn_gae' needs critic values, got values=None")
+  turn_mask = jnp.asarray(traj.turn_mask).astype(bool)
+  turn_values = trajectory_lib.turn_mean(jnp.asarray(values, jnp.float32), traj)
+  out = gae_lib.turn_generalized_advantage_estimation(
+      jnp.asarray(traj.reward, jnp.float32), turn_values, turn_mask, discount, lambda_)
+  valid = _valid_tokens(traj)
+  to_tokens = lambda x: types.broadcast_turns_to_tokens(
+      jnp.where(turn_mask, x, 0.0).astype(jnp.float32), jnp.asarray(traj.turn_of_token), valid)
+  advantages = to_tokens(out.advantages)
+  if whiten:
+    advantages = whiten_lib.masked_whiten(advantages, valid)
+  return AdvantageOutput(advantages=jnp.where(valid, advantages, 0.0).astype(jnp.float32),
+                         returns=to_tokens(out.returns))
+
+
 def gigpo(traj: types.Trajectories, values: Array | None = None, *,
           discount: float = 0.95, step_weight: float = 1.0, mode: str = "mean_norm",
           eps: float = 1e-6, episode_stats_over: str = "step_rows",
@@ -274,6 +309,8 @@ ESTIMATORS: dict[str, Estimator] = {
                       description="leave-one-out baseline (RLOO, docs/methods.md#rloo)"),
     "gae": Estimator(name="gae", fn=gae, needs_critic=True,
                      description="token-level GAE with observation skipping (PPO)"),
+    "turn_gae": Estimator(name="turn_gae", fn=turn_gae, needs_critic=True,
+                          description="turn-level GAE on the critic's per-turn values (PPO)"),
     "gigpo": Estimator(name="gigpo", fn=gigpo, needs_critic=False,
                        description="episode + anchor-state step groups (GiGPO)"),
     "gagpo": Estimator(name="gagpo", fn=gagpo, needs_critic=False,

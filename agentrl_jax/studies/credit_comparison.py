@@ -106,6 +106,8 @@ METHODS: tuple[Method, ...] = (
     Method(name="gagpo", estimator="gagpo", loss_overrides={"ratio_level": "turn"}),
     Method(name="mt_grpo", estimator="mt_grpo"),
     Method(name="ppo_gae", estimator="gae", use_critic=True),
+    # The same critic, bootstrapped once per turn instead of once per token.
+    Method(name="ppo_turn_gae", estimator="turn_gae", use_critic=True),
     Method(name="grpo_curiosity", estimator="grpo", curiosity=True),
     # GRPO's advantage on the decision turns only: what an exact turn-level critic would give.
     Method(name="grpo_oracle_turn", estimator="grpo", oracle_gate=True),

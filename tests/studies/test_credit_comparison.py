@@ -54,7 +54,7 @@ def test_probe_records_action_rates_under_jit_and_changes_nothing():
 
 def test_methods_cover_the_issue_and_validate():
   names = [m.name for m in cc.METHODS]
-  assert names == ["grpo", "dr_grpo", "rloo", "gigpo", "gagpo", "mt_grpo", "ppo_gae",
+  assert names == ["grpo", "dr_grpo", "rloo", "gigpo", "gagpo", "mt_grpo", "ppo_gae", "ppo_turn_gae",
                    "grpo_curiosity", "grpo_oracle_turn"]
   with pytest.raises(ValueError, match="use_critic"):
     cc.Method(name="ppo", estimator="gae")
