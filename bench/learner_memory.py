@@ -12,6 +12,7 @@ Run from the repository root, one configuration per process (the peak is per pro
     python bench/learner_memory.py --remat none --micro_batches 1 --batch 4   # the old path
     python bench/learner_memory.py --dtype bfloat16
     python bench/learner_memory.py --micro_batches 1 --head_chunk 32    # the LM head in chunks
+    python bench/learner_memory.py --first_moment_dtype bfloat16        # Adam's mu in bf16
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ host_memory.keep_freed_memory()
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
 
 from agentrl_jax import types  # noqa: E402
 from agentrl_jax.advantages import estimators  # noqa: E402
+from agentrl_jax.learner import assembly  # noqa: E402
+from agentrl_jax.learner import configs  # noqa: E402
 from agentrl_jax.learner import step as step_lib  # noqa: E402
 from agentrl_jax.models import transformer  # noqa: E402
 
@@ -68,13 +70,15 @@ def random_batch(batch: int, length: int, vocab: int, actions_per_turn: int) -> 
 
 def build_update(config: transformer.TransformerConfig, batch: int, length: int,
                  actions_per_turn: int, micro_batches: int, learning_rate: float = 1e-5,
-                 head_chunk: int | None = None):
+                 head_chunk: int | None = None, first_moment_dtype: str = "float32"):
   """(update, state, trajectories) of one GRPO + Adam learner update on a random batch.
 
   `update(state, trajectories)` returns (state, metrics) and donates the state.
   """
   graphdef, params = transformer.create(config, 0)
-  optimizer = optax.adam(learning_rate)
+  # The learner's own optimizer (clipping + AdamW), as the runs build it.
+  optimizer = assembly.make_optimizer(
+      configs.OptimConfig(learning_rate=learning_rate, first_moment_dtype=first_moment_dtype), 1)
   update = step_lib.make_update_fn(
       policy_graphdef=graphdef, critic_graphdef=None, policy_optimizer=optimizer,
       critic_optimizer=None,
@@ -103,6 +107,8 @@ def main():
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   parser.add_argument("--head_chunk", type=int, default=None,
                       help="LossConfig.head_chunk: action positions per LM-head chunk")
+  parser.add_argument("--first_moment_dtype", default="float32", choices=("float32", "bfloat16"),
+                      help="OptimConfig.first_moment_dtype: Adam's first moment in bf16")
   parser.add_argument("--repeats", type=int, default=1, help="timed updates after the first")
   args = parser.parse_args()
   config = smollm2_135m(remat=args.remat, dtype=args.dtype)
@@ -110,9 +116,11 @@ def main():
   print(f"jax {jax.__version__} on {device.platform}, {os.cpu_count()} CPU cores; "
         f"{transformer.num_params(config):,} params; batch {args.batch} x {args.length} tokens, "
         f"{TURNS * args.actions_per_turn} action tokens per row; remat={args.remat} "
-        f"micro_batches={args.micro_batches} dtype={args.dtype} head_chunk={args.head_chunk}", flush=True)
+        f"micro_batches={args.micro_batches} dtype={args.dtype} head_chunk={args.head_chunk} "
+        f"first_moment_dtype={args.first_moment_dtype}", flush=True)
   update, state, traj = build_update(config, args.batch, args.length, args.actions_per_turn,
-                                     args.micro_batches, head_chunk=args.head_chunk)
+                                     args.micro_batches, head_chunk=args.head_chunk,
+                                     first_moment_dtype=args.first_moment_dtype)
   start = time.perf_counter()
   state, metrics = update(state, traj)  # the state is donated
   jax.block_until_ready(metrics)

@@ -107,7 +107,8 @@ def make_optimizer(config: configs.OptimConfig, total_steps: int) -> optax.Gradi
           config.learning_rate, end, max(total_steps, 1))
   return optax.chain(
       optax.clip_by_global_norm(config.max_grad_norm),
-      optax.adamw(schedule, b1=config.b1, b2=config.b2, weight_decay=config.weight_decay))
+      optax.adamw(schedule, b1=config.b1, b2=config.b2, weight_decay=config.weight_decay,
+                  mu_dtype=jnp.dtype(config.first_moment_dtype)))
 
 
 def restricted_sampling(sampling: sampler_lib.SamplingConfig, env, tok: tokenizer_lib.Tokenizer):

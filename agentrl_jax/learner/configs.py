@@ -93,9 +93,16 @@ class OptimConfig:
   b1: float = 0.9
   b2: float = 0.99
   max_grad_norm: float = 1.0
+  # Adam's first moment in bfloat16 halves its memory (a quarter of the optimizer's state, e.g.
+  # 0.27 GB for a 135M model); the second moment stays float32, where bf16's 8-bit mantissa
+  # would distort the per-parameter step size.
+  first_moment_dtype: str = "float32"
 
   def __post_init__(self):
     config_errors.check_field_types(self)
+    if self.first_moment_dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"OptimConfig.first_moment_dtype must be 'float32' or 'bfloat16', got "
+                       f"{self.first_moment_dtype!r}")
     if self.learning_rate <= 0:
       raise ValueError(f"OptimConfig.learning_rate must be > 0, got {self.learning_rate}")
     if self.end_learning_rate is not None and self.end_learning_rate < 0:
