@@ -60,7 +60,8 @@ def test_a_rate_that_is_no_count_of_the_tasks_is_an_error(tmp_path):
 
 
 def test_command_writes_the_json_and_fails_in_one_line_without_a_run(tmp_path):
-  workdir = _workdir(tmp_path / "run" if (tmp_path / "run").mkdir() is None else None, ROWS)
+  (tmp_path / "run").mkdir()
+  workdir = _workdir(tmp_path / "run", ROWS)
   out = tmp_path / "result.json"
   ok = subprocess.run([sys.executable, "experiments/summarize_run.py", f"--workdir={workdir}",
                        "--config=x.gin", f"--out={out}"], capture_output=True, text=True)
