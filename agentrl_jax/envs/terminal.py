@@ -689,7 +689,7 @@ class Terminal(base.TextEnv):
     if problem is not None:
       observation = f"invalid action: {problem}; {_HELP}\n{self._prompt()}"
       return self._result(observation, action_valid=False)
-    return self._result(_clip(output) + self._prompt(), action_valid=True)
+    return self._result(_on_own_lines(_clip(output)) + self._prompt(), action_valid=True)
 
   def _on_step_cap(self, result: base.StepResult) -> base.StepResult:
     final = self._final(f"{result.observation}\nstep limit reached",
@@ -727,6 +727,12 @@ def _malformed_reason(action: Any) -> str | None:
   if "\n" in line:
     return "one command per turn (no newlines)"
   return None
+
+
+def _on_own_lines(output: str) -> str:
+  # Error messages (and `echo -n`) carry no final newline; glued to the prompt they read as one
+  # line ("...: no such file or directory/home/user$"), which a model then copies as a command.
+  return output if not output or output.endswith("\n") else output + "\n"
 
 
 def _clip(output: str) -> str:

@@ -145,6 +145,16 @@ def test_verifiers_passed_counts_per_step():
   assert final.done and final.reward == 1.0 and final.info["success"]
 
 
+@pytest.mark.parametrize("command", ["ls /nope", "echo -n hi", "cat /data/log.txt", "pwd"])
+def test_prompt_starts_its_own_line(command):
+  env = terminal.Terminal(max_turns=4)
+  env.reset(0)
+  observation = env.step(command).observation
+  lines = observation.split("\n")
+  assert lines[-1] == "/home/user$", observation
+  assert len(lines) >= 2 and lines[-2], observation  # The output itself, not an empty line.
+
+
 def test_step_cap_reports_verifiers():
   env = terminal.Terminal(max_turns=2, templates=("backup",))
   env.reset(0)
