@@ -18,6 +18,7 @@ Run from the repository root (after `pip install -e .`, or with `PYTHONPATH=.`):
 
     python bench/advantages.py                 # full sizes, about 40 s on 2 shared CPU cores
     python bench/advantages.py --quick         # small shapes, a few seconds
+    python bench/advantages.py --gae_only      # the GAE tables only
 """
 
 from __future__ import annotations
@@ -430,6 +431,7 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=10)
   parser.add_argument("--quick", action="store_true", help="small shapes for a smoke run")
+  parser.add_argument("--gae_only", action="store_true", help="the GAE tables only")
   args = parser.parse_args()
   if args.quick:
     gae_sizes = [(256, 128), (512, 256)]
@@ -445,7 +447,10 @@ def main():
         f"{jax.device_count()} device(s)")
   for batch, length in gae_sizes:
     bench_gae(batch, length, args.repeats)
-  bench_gae_terminations(*gae_sizes[-2 if args.quick else 1], args.repeats)
+  for batch, length in gae_sizes[:-1]:
+    bench_gae_terminations(batch, length, args.repeats)
+  if args.gae_only:
+    return
   bench_groups(*group_sizes, args.repeats)
   bench_anchor_groups(*anchor_sizes, args.repeats, num_states=16,
                       label="16-state walk (realistic)")

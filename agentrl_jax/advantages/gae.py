@@ -18,15 +18,12 @@ Array = jax.Array
 Numeric = chex.Numeric
 
 GAE_METHODS = ("auto", "scan", "associative", "blocked")
-# Token block of the "blocked" method (a multiple of 4, see _block_counts).
-BLOCK = 8
-# The blocked method forms A = Z − V/λ, so rounding in V grows by up to 1/λ ≤ 2; and ρ^−BLOCK
-# must stay a normal float32 (1e-3^−8 = 1e24).
+# Tokens per chunk of the "blocked" method: 4 was the fastest of 2, 4 and 8 on CPU at
+# [4096, 512] (bench/advantages.py); 8 only wins at T = 2048 and by less than 4 wins at 512.
+CHUNK = 4
+# The blocked method forms A = Z − V/λ, so rounding in V grows by up to 1/λ ≤ 2.
 _MIN_BLOCKED_LAMBDA = 0.5
-_MIN_BLOCKED_RHO = 1e-3
 _MIN_BLOCKED_LENGTH = 64
-# "auto" takes the per-step-discount blocked kernel from this many tokens (B·T) on.
-_MIN_BLOCKED_VARYING_SIZE = 1 << 20
 
 
 class GAEOutput(NamedTuple):
@@ -113,183 +110,70 @@ def _gae_associative(rewards, values, mask, discount, lambda_):
       jnp.where(mask, discount * lambda_, one), jnp.where(mask, delta, zero))
 
 
-def _integer_power(base: Array, exponent: Array, max_exponent: int) -> Array:
-  """`base ** exponent` for int32 `exponent` in `[0, max_exponent]`, by binary powering.
-
-  A handful of selects and multiplies that fuse into the surrounding elementwise kernel; cheaper
-  than `exp(exponent · log base)` and exact for `base = 1`.
-  """
-  out = jnp.ones(exponent.shape, base.dtype)
-  power = base
-  for bit in range(max(int(max_exponent), 1).bit_length()):
-    out = jnp.where((exponent >> bit) & 1, out * power, out)
-    power = power * power
-  return out
-
-
 def _is_static_scalar(x) -> bool:
   return isinstance(x, (int, float, np.floating, np.integer))
 
 
-def _blocked_supported(discount, lambda_) -> bool:
-  """Whether the "blocked" method applies: a static scalar λ ≥ 0.5, and γ either a static scalar
-  with γλ ≥ 1e-3 or an array (per-step discounts, `_gae_blocked_varying`)."""
-  if not _is_static_scalar(lambda_) or float(lambda_) < _MIN_BLOCKED_LAMBDA:
-    return False
-  if _is_static_scalar(discount):
-    return float(discount) * float(lambda_) >= _MIN_BLOCKED_RHO
-  return True
+def _blocked_supported(lambda_) -> bool:
+  """Whether the "blocked" method applies: a static scalar λ ≥ 0.5 (it forms `Z − V/λ`)."""
+  return _is_static_scalar(lambda_) and float(lambda_) >= _MIN_BLOCKED_LAMBDA
 
 
-def _block_counts(mask: Array) -> tuple[Array, Array]:
-  """Per `[rows, block]` mask: masked tokens before each token in its block, and per block.
+def _within_chunks(u: Array, c: Array) -> tuple[Array, Array]:
+  """`z_j = u_j + c_j·z_{j+1}` and `p_j = c_j·p_{j+1}` inside each chunk (last axis), from 0, 1.
 
-  Four 0/1 flags are packed one per byte of a uint32; multiplying by 0x01010101 leaves in byte k
-  the number of flags set among bytes 0…k (at most 4, so no carry crosses a byte). This keeps the
-  prefix count inside one elementwise kernel instead of a cumsum or a matmul over the mask.
+  CHUNK sequential elementwise steps over `[..., n]` slices: XLA fuses them into one pass over
+  the data, with no transpose (what the time-major scan pays for) and no matmul.
   """
-  rows, block = mask.shape
-  quads = mask.reshape(rows, block // 4, 4).astype(jnp.uint32)
-  byte_shift = jnp.uint32(8) * jnp.arange(4, dtype=jnp.uint32)
-  packed = jnp.sum(quads << byte_shift, axis=-1)
-  inclusive = ((packed * jnp.uint32(0x01010101))[:, :, None] >> byte_shift) & jnp.uint32(0xFF)
-  inclusive = inclusive.astype(jnp.int32)
-  quad_total = inclusive[:, :, 3]
-  inclusive = inclusive + (jnp.cumsum(quad_total, axis=1) - quad_total)[:, :, None]
-  inclusive = inclusive.reshape(rows, block)
-  return inclusive - mask.astype(jnp.int32), inclusive[:, -1]
+  size = u.shape[-1]
+  z, p = u[..., size - 1], c[..., size - 1]
+  zs, ps = [z], [p]
+  for j in range(size - 2, -1, -1):
+    z = u[..., j] + c[..., j] * z
+    p = c[..., j] * p
+    zs.append(z)
+    ps.append(p)
+  return jnp.stack(zs[::-1], axis=-1), jnp.stack(ps[::-1], axis=-1)
 
 
-def _gae_blocked(rewards, values, mask, discount: float, lambda_: float, block: int = BLOCK):
-  """GAE as one masked discounted sum, solved in blocks of `block` tokens with one small matmul.
+def _gae_blocked(rewards, values, mask, discount, lambda_: float, chunk: int = CHUNK):
+  """GAE as one masked linear recursion, solved in chunks of `chunk` tokens, `[B, T]` layout.
 
-  With ρ = γλ and κ = (1 − λ)/λ, the λ-return `G_t = r_t + γ((1 − λ)·nextV + λ·G_next)` gives
-  `Z_t = G_t + κ·V_t` the one-term recursion `Z_t = u_t + ρ·Z_next` over masked steps, with
-  `u = r + κ·V`, so `A_t = Z_t − V_t/λ` and `returns_t = A_t + V_t`: no held-value carry.
-  Inside a block, with `c_j` the masked tokens before `j` in the block,
-
-      Z_t = ρ^(−c_t) · (Σ_{j ≥ t in block} ρ^(c_j)·m_j·u_j  +  ρ^(c_end)·Z_next_block),
-
-  where the sum is a matmul with a shared triangular matrix; only the block heads recur, in a
-  `lax.scan` over `T/block` steps. Everything stays in the `[B, T]` layout: no transposes, which
-  dominate the time-major scan on CPU. ρ^(−block) must stay a normal float32 and `V/λ` must not
-  cancel badly, hence the bounds in `_blocked_supported`.
+  With `c_t = γ_t·λ` on masked steps (1 elsewhere) and κ = (1 − λ)/λ, the λ-return
+  `G_t = r_t + γ_t((1 − λ)·nextV + λ·G_next)` gives `Z_t = G_t + κ·V_t` the one-term recursion
+  `Z_t = u_t + c_t·Z_next` with `u = m·(r + κ·V)`: observation tokens are transparent (u = 0,
+  c = 1), a terminal step has c = 0, and `A_t = Z_t − V_t/λ`, `returns_t = A_t + V_t`. Inside a
+  chunk `Z_t = z_t + p_t·Z_head(next chunk)`, with `z`, `p` the chunk's own suffix recursion and
+  product (`_within_chunks`); only the chunk heads recur, in a `lax.scan` over `T/chunk` steps.
+  Every product spans at most one chunk or is carried multiplicatively, so any discount values
+  (zeros, tiny ones) are exact; `V/λ` must not cancel badly, hence λ ≥ 0.5.
   """
   dtype = rewards.dtype
   batch, length = rewards.shape
-  pad = (-length) % block
-  if pad:
+  pad = (-length) % chunk
+  if pad:  # Padding is unmasked: transparent.
     widths = ((0, 0), (0, pad))
     rewards, values, mask = (jnp.pad(x, widths) for x in (rewards, values, mask))
+    if jnp.ndim(discount):
+      discount = jnp.pad(discount, widths)
   padded = length + pad
-  rows = batch * padded // block
-  r, v, m = (x.reshape(rows, block) for x in (rewards, values, mask))
-  rho = jnp.asarray(discount * lambda_, dtype)
-  kappa = jnp.asarray((1.0 - lambda_) / lambda_, dtype)
-  before, total = _block_counts(m)
-  weight = _integer_power(rho, before, block)
-  # at_or_after[j, t] = [j >= t]: the within-block suffix sums.
-  at_or_after = jnp.tril(jnp.ones((block, block), dtype))
-  local = jnp.matmul(jnp.where(m, weight * (r + kappa * v), 0.0), at_or_after,
-                     precision=jax.lax.Precision.HIGHEST)
-  decay = _integer_power(rho, total, block)
-  head = local[:, 0]
+  kappa = (1.0 - lambda_) / lambda_
+  u = jnp.where(mask, rewards + kappa * values, 0.0)
+  c = jnp.broadcast_to(jnp.where(mask, discount * lambda_, 1.0).astype(dtype), u.shape)
+  split = (batch, padded // chunk, chunk)
+  z, p = _within_chunks(u.reshape(split), c.reshape(split))
 
-  def next_block(z_after, head_and_decay):
-    h, d = head_and_decay
-    return h + d * z_after, z_after
+  def next_chunk(z_after, head):
+    z_head, p_head = head
+    return z_head + p_head * z_after, z_after
 
-  _, z_after = jax.lax.scan(next_block, jnp.zeros((batch,), dtype),
-                            (head.reshape(batch, -1).T, decay.reshape(batch, -1).T), reverse=True)
-  z = (local + (z_after.T.reshape(rows) * decay)[:, None]) / weight
-  advantages = jnp.where(m, z - v / lambda_, 0.0)
-  returns = jnp.where(m, advantages + v, 0.0)
-
-  def unpad(x):
-    return x.reshape(batch, padded)[:, :length]
-
-  return unpad(advantages), unpad(returns)
-
-
-def _gae_blocked_varying(rewards, values, mask, discount, lambda_: float, block: int = BLOCK):
-  """`_gae_blocked` with per-step discounts `γ_t` (episodes that end inside a row), same layout.
-
-  With `c_t = γ_t·λ` on masked steps and 1 elsewhere, `Z_t = u_t + c_t·Z_next` as in
-  `_gae_blocked`. A terminal step has `c_t = 0`, so a block holds several independent segments.
-  With `p_t = Π_{i<t in block, c_i ≠ 0} c_i` (a prefix sum of `log c` by one triangular matmul,
-  then `exp`), `e_t` the first zero of `c` at or after `t` in the block and
-  `S_t = Σ_{j ≥ t in block} p_j·m_j·u_j` (a second matmul),
-
-      Z_t = (S_t − S_{e_t + 1}) / p_t  +  [no zero in [t, block)] · (p_block / p_t) · Z_next_block,
-
-  exact for every zero pattern: `S_{e_t+1}` removes the later segments, so no product crosses a
-  zero and `p_t` is never 0. `e_t` comes from the zero flags packed into one integer per block
-  (a count of trailing zeros), `S_{e_t+1}` from a gather inside the block. `p_t ≥ c_min^(block−1)`
-  must stay a normal float32, so non-zero `c_t` below 1e-3 send the whole call (a `lax.cond`)
-  to the time scan, which is exact for any discount.
-  """
-  dtype = rewards.dtype
-  batch, length = rewards.shape
-  pad = (-length) % block
-  if pad:
-    widths = ((0, 0), (0, pad))
-    rewards, values, mask, discount = (jnp.pad(x, widths) for x in (rewards, values, mask,
-                                                                    discount))
-  padded = length + pad
-  rows = batch * padded // block
-  r, v, m, g = (x.reshape(rows, block) for x in (rewards, values, mask, discount))
-  kappa = jnp.asarray((1.0 - lambda_) / lambda_, dtype)
-  c = jnp.where(m, g * jnp.asarray(lambda_, dtype), 1.0)
-  zero = c == 0
-  log_c = jnp.log(jnp.where(zero, 1.0, c))
-  highest = jax.lax.Precision.HIGHEST
-  before = jnp.triu(jnp.ones((block, block), dtype), 1)  # [i, t] = [i < t]
-  at_or_after = jnp.tril(jnp.ones((block, block), dtype))  # [j, t] = [j ≥ t]
-  log_p = jnp.matmul(log_c, before, precision=highest)
-  p = jnp.exp(log_p)
-  p_block = jnp.exp(log_p[:, -1] + log_c[:, -1])
-  suffix = jnp.matmul(jnp.where(m, p * (r + kappa * v), 0.0), at_or_after, precision=highest)
-  # Bit t of `flags` is set where c_t = 0; exact powers of two, so the matvec is an exact integer.
-  flags = jnp.matmul(zero.astype(dtype), 2.0 ** jnp.arange(block, dtype=dtype),
-                     precision=highest).astype(jnp.int32)
-  position = jnp.arange(block, dtype=jnp.int32)
-  later = flags[:, None] >> position  # bit 0: c_t = 0; bit k: c_{t+k} = 0
-  first_zero = jax.lax.population_count((later & -later) - 1)  # trailing zeros of `later`
-  cut = jnp.where(later == 0, block, position + first_zero + 1)
-  cut_sum = jnp.take_along_axis(
-      jnp.concatenate([suffix, jnp.zeros((rows, 1), dtype)], axis=1), cut, axis=1)
-  local = (suffix - cut_sum) / p
-  reach = jnp.where(later == 0, p_block[:, None] / p, 0.0)
-
-  def next_block(z_after, head_and_reach):
-    h, d = head_and_reach
-    return h + d * z_after, z_after
-
-  _, z_after = jax.lax.scan(next_block, jnp.zeros((batch,), dtype),
-                            (local[:, 0].reshape(batch, -1).T, reach[:, 0].reshape(batch, -1).T),
-                            reverse=True)
-  z = local + reach * z_after.T.reshape(rows)[:, None]
-  advantages = jnp.where(m, z - v / lambda_, 0.0)
-  returns = jnp.where(m, advantages + v, 0.0)
-
-  def unpad(x):
-    return x.reshape(batch, padded)[:, :length]
-
-  return unpad(advantages), unpad(returns)
-
-
-def _gae_blocked_or_scan(rewards, values, mask, discount, lambda_: float):
-  """`_gae_blocked_varying` unless a non-zero `γ_t·λ` is below 1e-3; then the exact time scan."""
-  c = discount * lambda_
-  supported = jnp.all((c == 0) | (c >= _MIN_BLOCKED_RHO) | ~mask)
-
-  def scan(r, v, m, g):
-    advantages = _gae_scan(r, v, m, g, jnp.asarray(lambda_, r.dtype))
-    advantages = jnp.where(m, advantages, 0.0)
-    return advantages, jnp.where(m, advantages + v, 0.0)
-
-  return jax.lax.cond(supported, functools.partial(_gae_blocked_varying, lambda_=lambda_), scan,
-                      rewards, values, mask, discount)
+  _, z_after = jax.lax.scan(next_chunk, jnp.zeros((batch,), dtype),
+                            (z[:, :, 0].T, p[:, :, 0].T), reverse=True)
+  z = (z + p * z_after.T[:, :, None]).reshape(batch, padded)[:, :length]
+  mask, values = mask[:, :length], values[:, :length]
+  advantages = jnp.where(mask, z - values / lambda_, 0.0)
+  returns = jnp.where(mask, advantages + values, 0.0)
+  return advantages, returns
 
 
 def generalized_advantage_estimation(
@@ -334,41 +218,30 @@ def generalized_advantage_estimation(
     lambda_: λ, a scalar or an array broadcastable to `[B, T]`.
     method: "scan" (reverse `lax.scan` over time, the batch as the vector dimension),
       "associative" (`lax.associative_scan`, two affine recurrences in O(log T) depth), "blocked"
-      (`_gae_blocked`: a block matmul and a scan over T/8 block heads; needs a static scalar
-      λ ≥ 0.5, and γ a static scalar with γλ ≥ 1e-3 or an array of per-step discounts, for which
-      `_gae_blocked_varying` solves each block exactly across terminal steps), or "auto" (the
-      default: "blocked" where it applies and T ≥ 64 — and B·T ≥ 2^20 for array discounts —,
-      else "scan"). All agree to float rounding (1e-5 on unit-scale inputs). On CPU at
-      [4096, 512] "blocked" is the fastest and "associative" the slowest (bench/advantages.py).
+      (`_gae_blocked`: a fused recursion inside chunks of 4 tokens and a scan over the T/4 chunk
+      heads; needs a static scalar λ ≥ 0.5, any γ, scalar or per-step, zeros included), or
+      "auto" (the default: "blocked" where it applies and T ≥ 64, else "scan"). All agree to
+      float rounding (1e-5 on unit-scale inputs). On CPU at [4096, 512] "blocked" is the fastest
+      and "associative" the slowest (bench/advantages.py).
 
   Returns:
     `GAEOutput(advantages, returns)`, each `[B, T]` float32 (or wider), zero where `mask` is 0.
   """
   if method not in GAE_METHODS:
     raise ValueError(f"method must be one of {GAE_METHODS}, got {method!r}")
-  blocked = _blocked_supported(discount, lambda_)
+  blocked = _blocked_supported(lambda_)
   if method == "blocked" and not blocked:
     raise ValueError(
-        f"method 'blocked' needs a Python scalar lambda_ >= {_MIN_BLOCKED_LAMBDA} and a discount "
-        f"array or a Python scalar with discount·lambda_ >= {_MIN_BLOCKED_RHO}; got "
-        f"discount={discount!r}, lambda_={lambda_!r}")
+        f"method 'blocked' needs a Python scalar lambda_ >= {_MIN_BLOCKED_LAMBDA}; got "
+        f"lambda_={lambda_!r}")
   if method == "auto":
-    # Short sequences (turn-level GAE) gain nothing from blocks; the scan is exact there. The
-    # per-step-discount kernel does more work per token (a log, an exp, a gather) and only
-    # overtakes the scan on large batches (CPU, bench/advantages.py).
+    # Short sequences (turn-level GAE) gain nothing from chunks; the scan is exact there.
     long_enough = jnp.ndim(rewards) == 2 and jnp.shape(rewards)[1] >= _MIN_BLOCKED_LENGTH
-    if long_enough and not _is_static_scalar(discount):
-      long_enough = int(np.prod(jnp.shape(rewards))) >= _MIN_BLOCKED_VARYING_SIZE
     method = "blocked" if blocked and long_enough else "scan"
-  static_discount, static_lambda = discount, lambda_
+  static_lambda = lambda_
   rewards, values, mask, discount, lambda_ = _prepare(rewards, values, mask, discount, lambda_)
   if method == "blocked":
-    if _is_static_scalar(static_discount):
-      advantages, returns = _gae_blocked(
-          rewards, values, mask, float(static_discount), float(static_lambda))
-    else:
-      advantages, returns = _gae_blocked_or_scan(
-          rewards, values, mask, jnp.broadcast_to(discount, rewards.shape), float(static_lambda))
+    advantages, returns = _gae_blocked(rewards, values, mask, discount, float(static_lambda))
     return GAEOutput(advantages=advantages, returns=returns)
   kernel = _gae_scan if method == "scan" else _gae_associative
   advantages = kernel(rewards, values, mask, discount, lambda_)

@@ -304,14 +304,19 @@ def test_blocked_per_step_discount_hand_checked():
   # A_t = Σ over the rest of its episode of 0.5^k: t=2: 1, t=1: 1.5, t=0: 1.75; t=5: 1, t=4: 1.5,
   # t=3: 1.75; t=7 (row end, bootstrap 0): 1, t=6: 1.5.
   discount = np.array([[0.5, 0.5, 0.0, 0.5, 0.5, 0.0, 0.5, 0.5]], np.float32)
-  out = gae._gae_blocked_or_scan(jnp.ones((1, 8)), jnp.zeros((1, 8)), jnp.ones((1, 8), bool),
+  out = gae._gae_blocked(jnp.ones((1, 8)), jnp.zeros((1, 8)), jnp.ones((1, 8), bool),
                                  jnp.asarray(discount), 1.0)
   np.testing.assert_allclose(out[0], [[1.75, 1.5, 1.0, 1.75, 1.5, 1.0, 1.5, 1.0]], rtol=1e-6)
+  # The same row split over chunks of 2 (zeros at a chunk's end and start) and of 3 (padded).
+  for chunk in (2, 3):
+    out = gae._gae_blocked(jnp.ones((1, 8)), jnp.zeros((1, 8)), jnp.ones((1, 8), bool),
+                           jnp.asarray(discount), 1.0, chunk=chunk)
+    np.testing.assert_allclose(out[0], [[1.75, 1.5, 1.0, 1.75, 1.5, 1.0, 1.5, 1.0]], rtol=1e-6)
 
 
-def test_blocked_per_step_tiny_discount_falls_back_exactly():
-  # γ_t λ = 1e-6 (non-zero, below 1e-3): a block's products would leave float32's normal range,
-  # so the call takes the scan; the result is still the loop's.
+def test_blocked_per_step_tiny_discount_is_exact():
+  # γ_t λ = 1e-6: products across many tiny discounts underflow to 0 as the loop's do; the
+  # chunked solve never divides by them, so the result is the loop's.
   rng = np.random.RandomState(12)
   rewards, values = rng.randn(2, 80).astype(np.float32), rng.randn(2, 80).astype(np.float32)
   mask = rng.rand(2, 80) > 0.2
