@@ -119,21 +119,28 @@ def _blocked_supported(lambda_) -> bool:
   return _is_static_scalar(lambda_) and float(lambda_) >= _MIN_BLOCKED_LAMBDA
 
 
-def _within_chunks(u: Array, c: Array) -> tuple[Array, Array]:
-  """`z_j = u_j + c_j·z_{j+1}` and `p_j = c_j·p_{j+1}` inside each chunk (last axis), from 0, 1.
+def _chunk_heads(u: Array, c: Array) -> tuple[Array, Array]:
+  """Per chunk (last axis): `z_0` of `z_j = u_j + c_j·z_{j+1}` from `z = 0` past the chunk, and
+  the product `c_0·…·c_{n−1}`, both `[..., num_chunks]`.
 
-  CHUNK sequential elementwise steps over `[..., n]` slices: XLA fuses them into one pass over
-  the data, with no transpose (what the time-major scan pays for) and no matmul.
+  A chunk's few dependent elementwise steps over `[..., num_chunks]` slices, which XLA fuses
+  into one pass over the data with no transpose (what the time-major scan pays for).
   """
-  size = u.shape[-1]
-  z, p = u[..., size - 1], c[..., size - 1]
-  zs, ps = [z], [p]
-  for j in range(size - 2, -1, -1):
+  z, p = u[..., -1], c[..., -1]
+  for j in range(u.shape[-1] - 2, -1, -1):
     z = u[..., j] + c[..., j] * z
     p = c[..., j] * p
+  return z, p
+
+
+def _chunk_suffixes(u: Array, c: Array, z_after: Array) -> Array:
+  """Every `z_j = u_j + c_j·z_{j+1}` of each chunk, from `z_after` (`[..., num_chunks]`) past it."""
+  z = z_after
+  zs = []
+  for j in range(u.shape[-1] - 1, -1, -1):
+    z = u[..., j] + c[..., j] * z
     zs.append(z)
-    ps.append(p)
-  return jnp.stack(zs[::-1], axis=-1), jnp.stack(ps[::-1], axis=-1)
+  return jnp.stack(zs[::-1], axis=-1)
 
 
 def _gae_blocked(rewards, values, mask, discount, lambda_: float, chunk: int = CHUNK):
@@ -142,11 +149,12 @@ def _gae_blocked(rewards, values, mask, discount, lambda_: float, chunk: int = C
   With `c_t = γ_t·λ` on masked steps (1 elsewhere) and κ = (1 − λ)/λ, the λ-return
   `G_t = r_t + γ_t((1 − λ)·nextV + λ·G_next)` gives `Z_t = G_t + κ·V_t` the one-term recursion
   `Z_t = u_t + c_t·Z_next` with `u = m·(r + κ·V)`: observation tokens are transparent (u = 0,
-  c = 1), a terminal step has c = 0, and `A_t = Z_t − V_t/λ`, `returns_t = A_t + V_t`. Inside a
-  chunk `Z_t = z_t + p_t·Z_head(next chunk)`, with `z`, `p` the chunk's own suffix recursion and
-  product (`_within_chunks`); only the chunk heads recur, in a `lax.scan` over `T/chunk` steps.
-  Every product spans at most one chunk or is carried multiplicatively, so any discount values
-  (zeros, tiny ones) are exact; `V/λ` must not cancel badly, hence λ ≥ 0.5.
+  c = 1), a terminal step has c = 0, and `A_t = Z_t − V_t/λ`, `returns_t = A_t + V_t`. Three
+  passes: each chunk's head value and product from inside the chunk (`_chunk_heads`); the heads
+  chained across chunks by a `lax.scan` over `T/chunk` steps; each chunk's recursion run again
+  from the true value past it (`_chunk_suffixes`). Recomputing the chunk beats storing it
+  (fewer bytes moved; bench/advantages.py). Every step is a plain multiply-add, so any discount
+  values (zeros, tiny ones) are exact; `V/λ` must not cancel badly, hence λ ≥ 0.5.
   """
   dtype = rewards.dtype
   batch, length = rewards.shape
@@ -161,15 +169,16 @@ def _gae_blocked(rewards, values, mask, discount, lambda_: float, chunk: int = C
   u = jnp.where(mask, rewards + kappa * values, 0.0)
   c = jnp.broadcast_to(jnp.where(mask, discount * lambda_, 1.0).astype(dtype), u.shape)
   split = (batch, padded // chunk, chunk)
-  z, p = _within_chunks(u.reshape(split), c.reshape(split))
+  u, c = u.reshape(split), c.reshape(split)
+  z_head, p_head = _chunk_heads(u, c)
 
   def next_chunk(z_after, head):
-    z_head, p_head = head
-    return z_head + p_head * z_after, z_after
+    z, p = head
+    return z + p * z_after, z_after
 
-  _, z_after = jax.lax.scan(next_chunk, jnp.zeros((batch,), dtype),
-                            (z[:, :, 0].T, p[:, :, 0].T), reverse=True)
-  z = (z + p * z_after.T[:, :, None]).reshape(batch, padded)[:, :length]
+  _, z_after = jax.lax.scan(next_chunk, jnp.zeros((batch,), dtype), (z_head.T, p_head.T),
+                            reverse=True)
+  z = _chunk_suffixes(u, c, z_after.T).reshape(batch, padded)[:, :length]
   mask, values = mask[:, :length], values[:, :length]
   advantages = jnp.where(mask, z - values / lambda_, 0.0)
   returns = jnp.where(mask, advantages + values, 0.0)
