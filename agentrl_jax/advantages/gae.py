@@ -6,7 +6,6 @@ runs over tokens `[B, L]` (mask = `action_mask`) and over turns `[B, N]` (mask =
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import chex
