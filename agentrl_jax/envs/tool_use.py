@@ -24,7 +24,9 @@ after telling the user. `info`: `action_valid`,
 `request_revealed`, `order_looked_up`, `db_match`, `no_forbidden_action` (no refund/cancel other
 than the prescribed one was executed), `user_informed` (the prescribed change was made, or, when
 the policy forbids the request, the agent messaged the user after looking the order up); success
-needs all five.
+needs all five. The last step's `sub_outcomes` also count them (`verifiers_passed` of
+`verifiers_total` = 5), so `rewards.process.verifier_count_reward` can rank failed episodes by how
+many checks they pass.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from agentrl_jax import extra_keys
 from agentrl_jax.envs import base
 from agentrl_jax.envs import registry
 
@@ -252,7 +255,7 @@ class CustomerService(base.TextEnv):
     outcomes = self._sub_outcomes()
     success = all(v == 1.0 for v in outcomes.values())
     return base.StepResult(text, float(success), True,
-                           dict(info, success=success, sub_outcomes=outcomes))
+                           dict(info, success=success, sub_outcomes=_with_counts(outcomes)))
 
   def _sub_outcomes(self) -> dict[str, float]:
     return {"request_revealed": float(self.request_revealed),
@@ -262,12 +265,17 @@ class CustomerService(base.TextEnv):
             "user_informed": float(self._acted or self._told)}
 
   def _on_step_cap(self, result: base.StepResult) -> base.StepResult:
-    info = dict(result.info, success=False, sub_outcomes=self._sub_outcomes())
+    info = dict(result.info, success=False, sub_outcomes=_with_counts(self._sub_outcomes()))
     return result._replace(observation=f"{result.observation}\nout of turns", done=True,
                            info=info)
 
   def _reply(self, text: str, info: dict[str, Any]) -> base.StepResult:
     return base.StepResult(text, 0.0, False, info)
+
+
+def _with_counts(outcomes: dict[str, float]) -> dict[str, float]:
+  return {**outcomes, extra_keys.VERIFIERS_PASSED_KEY: float(sum(outcomes.values())),
+          extra_keys.VERIFIERS_TOTAL_KEY: float(len(outcomes))}
 
 
 def _quote(text: str) -> str:

@@ -146,3 +146,30 @@ def test_step_cap():
   for _ in range(3):
     result = env.step("respond(hi)")
   assert result.done and not result.info["success"] and "out of turns" in result.observation
+
+
+def test_sub_outcomes_count_their_checks_for_the_verifier_count_reward():
+  env = tool_use.CustomerService()
+  env.reset(_seed_of("cancel_shipped"))
+  for action in ("respond(hi)", "respond(go on)", f"get_order({env.task['target']})"):
+    env.step(action)
+  declined = env.step("end_conversation()").info["sub_outcomes"]
+  # Revealed, looked up, database unchanged, nothing forbidden; the user was not told.
+  assert declined["verifiers_passed"] == 4.0 and declined["verifiers_total"] == 5.0
+  env.reset(0)
+  ended_at_once = env.step("end_conversation()").info["sub_outcomes"]
+  checks = {k: v for k, v in ended_at_once.items() if not k.startswith("verifiers_")}
+  assert ended_at_once["verifiers_passed"] == sum(checks.values()) < 5.0
+  env = tool_use.CustomerService(max_turns=2)
+  env.reset(0)
+  env.step("respond(hi)")
+  capped = env.step("respond(and?)").info["sub_outcomes"]
+  assert capped["verifiers_total"] == 5.0
+
+
+def test_expert_episode_passes_every_check():
+  env = tool_use.CustomerService()
+  results = _run(env, 3, lambda e: e.expert_action())
+  final = results[-1].info["sub_outcomes"]
+  assert results[-1].info["success"]
+  assert final["verifiers_passed"] == final["verifiers_total"] == 5.0
