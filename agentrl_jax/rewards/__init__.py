@@ -2,5 +2,6 @@
 
 Modules: curiosity (duplicate-observation penalty), progress (Progress-SQL),
 process (SocialRL stage-aware process rewards, SocialRL; T1 verifier-count reward), calibration
-(Iterative Reward Calibration of per-turn reward features).
+(Iterative Reward Calibration of per-turn reward features), potential (potential-based progress
+shaping), format (a penalty per invalid action).
 """
