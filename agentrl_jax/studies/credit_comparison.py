@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
+import inspect
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -55,6 +57,7 @@ class Method:
       credit with an oracle critic, the reference on chains that report their decision turns.
     loss_overrides: `step.LossConfig` fields that differ from the comparison's shared loss
       (`SHARED_LOSS`), e.g. `{"ratio_level": "turn"}`.
+    estimator_kwargs: hyperparameters bound to the estimator, e.g. `{"lambda_": 0.95}`.
   """
 
   name: str
@@ -63,6 +66,7 @@ class Method:
   curiosity: bool = False
   oracle_gate: bool = False
   loss_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  estimator_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     if not self.name:
@@ -74,9 +78,21 @@ class Method:
     unknown = sorted(set(self.loss_overrides) - known)
     if unknown:
       raise ValueError(f"Method {self.name!r}: loss_overrides {unknown} are not LossConfig fields")
+    takes = inspect.signature(spec.fn).parameters
+    unknown = sorted(set(self.estimator_kwargs) - set(takes))
+    if unknown:
+      raise ValueError(f"Method {self.name!r}: estimator_kwargs {unknown} are not arguments of "
+                       f"{self.estimator!r}")
     # Frozen like the rest of the method, and checked now rather than at the run's start.
     object.__setattr__(self, "loss_overrides", MappingProxyType(dict(self.loss_overrides)))
+    object.__setattr__(self, "estimator_kwargs", MappingProxyType(dict(self.estimator_kwargs)))
     loss_config(self)
+
+  def estimator_fn(self) -> str | Callable[..., Any]:
+    """The registry name, or its function with `estimator_kwargs` bound."""
+    if not self.estimator_kwargs:
+      return self.estimator
+    return functools.partial(estimators.get_estimator(self.estimator).fn, **self.estimator_kwargs)
 
 
 # The loss every method trains with unless it overrides a field.
@@ -108,6 +124,11 @@ METHODS: tuple[Method, ...] = (
     Method(name="ppo_gae", estimator="gae", use_critic=True),
     # The same critic, bootstrapped once per turn instead of once per token.
     Method(name="ppo_turn_gae", estimator="turn_gae", use_critic=True),
+    # λ = 1 credits every turn with the return minus its value; below 1 each turn's advantage
+    # bootstraps from the next turn's value, so a critic that has found the decision turns gives
+    # the routine ones little. (On one-token actions token-level GAE at the same λ is identical.)
+    Method(name="ppo_turn_gae_l95", estimator="turn_gae", use_critic=True,
+           estimator_kwargs={"lambda_": 0.95}),
     Method(name="grpo_curiosity", estimator="grpo", curiosity=True),
     # GRPO's advantage on the decision turns only: what an exact turn-level critic would give.
     Method(name="grpo_oracle_turn", estimator="grpo", oracle_gate=True),
@@ -275,7 +296,8 @@ def train_kwargs(method: Method, env: str, seed: int, spec: ComparisonSpec) -> d
       config=configs.TrainConfig(
           env_name=setting.env, env_kwargs=dict(setting.env_kwargs), seed=seed,
           num_iterations=spec.num_iterations, tasks_per_iteration=spec.tasks_per_iteration,
-          group_size=spec.group_size, estimator=method.estimator, use_critic=method.use_critic,
+          group_size=spec.group_size, estimator=method.estimator_fn(),
+          use_critic=method.use_critic,
           restrict_to_action_words=True, checkpoint_every=max(spec.num_iterations, 1)),
       model=transformer.TransformerConfig(
           vocab_size=1, num_layers=spec.num_layers, d_model=spec.d_model, num_heads=4,

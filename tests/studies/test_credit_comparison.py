@@ -55,7 +55,7 @@ def test_probe_records_action_rates_under_jit_and_changes_nothing():
 def test_methods_cover_the_issue_and_validate():
   names = [m.name for m in cc.METHODS]
   assert names == ["grpo", "dr_grpo", "rloo", "gigpo", "gagpo", "mt_grpo", "ppo_gae", "ppo_turn_gae",
-                   "grpo_curiosity", "grpo_oracle_turn"]
+                   "ppo_turn_gae_l95", "grpo_curiosity", "grpo_oracle_turn"]
   with pytest.raises(ValueError, match="use_critic"):
     cc.Method(name="ppo", estimator="gae")
   with pytest.raises(ValueError, match="unknown advantage estimator"):
@@ -76,6 +76,17 @@ def test_train_kwargs():
   assert kwargs["warm_start"].iterations == 0
   with pytest.raises(ValueError, match="unknown env"):
     cc.train_kwargs(ppo, "chess", 0, spec)
+
+
+def test_estimator_kwargs_are_bound_and_checked():
+  spec = cc.ComparisonSpec(num_iterations=3, tasks_per_iteration=2, group_size=4, d_model=32)
+  method = next(m for m in cc.METHODS if m.name == "ppo_turn_gae_l95")
+  estimator = cc.train_kwargs(method, "dd_chain", 0, spec)["config"].estimator
+  resolved = estimators.resolve(estimator)
+  assert (resolved.name, resolved.needs_critic, estimator.keywords) == (
+      "turn_gae", True, {"lambda_": 0.95})
+  with pytest.raises(ValueError, match=r"estimator_kwargs \['lam'\] are not arguments"):
+    cc.Method(name="x", estimator="gae", use_critic=True, estimator_kwargs={"lam": 0.9})
 
 
 def _result(method, seed, success, eval_success):
