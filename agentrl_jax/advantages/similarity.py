@@ -99,7 +99,13 @@ def similarity_advantages(
   logits = logits - jnp.max(jnp.where(others[None], logits, 0.0), axis=-1, keepdims=True)
   omega = jnp.where(others[None], jnp.exp(logits), 0.0)
   total = jnp.sum(omega, axis=-1)
-  baseline = jnp.sum(omega * rewards[None, None, :], axis=-1) / jnp.maximum(total, 1e-30)
+  # The weighted mean is taken about the largest of the others' rewards, which is the same in
+  # exact arithmetic; but equal rewards then give R_i - b = 0 exactly instead of a rounding error
+  # that the division by (std + eps) would scale up to ~0.03.
+  anchor = jnp.max(jnp.where(others, rewards[None, :], -jnp.inf), axis=-1)  # [B]
+  anchor = jnp.where(jnp.isfinite(anchor), anchor, 0.0)
+  spread = jnp.sum(omega * (rewards[None, None, :] - anchor[None, :, None]), axis=-1)
+  baseline = anchor[None, :] + spread / jnp.maximum(total, 1e-30)
   baseline = jnp.where(total > 0, baseline, 0.0).T  # [B, N]
 
   advantages = rewards[:, None] - baseline

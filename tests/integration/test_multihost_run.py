@@ -60,7 +60,8 @@ def _env(devices, **extra):
   env.update(JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
              XLA_FLAGS=(f"--xla_force_host_platform_device_count={devices} "
                         "--xla_cpu_collective_call_terminate_timeout_seconds=900 "
-                        "--xla_cpu_collective_timeout_seconds=900"), **extra)
+                        "--xla_cpu_collective_timeout_seconds=900 "
+                        + os.environ.get("AGENTRL_JAX_TEST_COMPILE_FLAGS", "")), **extra)
   return env
 
 

@@ -303,7 +303,8 @@ def test_two_processes_save_restore_and_fall_back_together(tmp_path):
   port = str(_free_port())
   env = {**os.environ, "PYTHONPATH": os.pathsep.join(
       [str(pathlib.Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
-  env.pop("XLA_FLAGS", None)  # The worker sets its own device count.
+  # The worker sets its own device count; the session's compile flags stay.
+  env["XLA_FLAGS"] = os.environ.get("AGENTRL_JAX_TEST_COMPILE_FLAGS", "")
   workers = [
       subprocess.Popen([sys.executable, str(worker), str(i), port, str(tmp_path / "work")],
                        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -28,7 +28,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 # rendezvous limit and abort the process, so the limit is raised.
 XLA_FLAGS = ("--xla_force_host_platform_device_count=8 "
              "--xla_cpu_collective_call_terminate_timeout_seconds=900 "
-             "--xla_cpu_collective_timeout_seconds=900")
+             "--xla_cpu_collective_timeout_seconds=900 "
+             + os.environ.get("AGENTRL_JAX_TEST_COMPILE_FLAGS", ""))
 
 
 def _run(workdir, ckpt, extra=()):

@@ -59,7 +59,7 @@ def test_notebook_runs_small(path, tmp_path):
              JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
                  [str(ROOT), os.environ.get("PYTHONPATH", "")]))
   # One CPU device is enough and keeps start-up cheap (the test session forces 8 fake ones).
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = os.environ.get("AGENTRL_JAX_TEST_COMPILE_FLAGS", "")
   result = subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=TIMEOUT_S, check=False)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -10,7 +10,8 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 # Raised collective limits: on a loaded machine a rendezvous may exceed the default 40 s.
 os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=2 "
                            "--xla_cpu_collective_call_terminate_timeout_seconds=900 "
-                           "--xla_cpu_collective_timeout_seconds=900")
+                           "--xla_cpu_collective_timeout_seconds=900 "
+                           + os.environ.get("AGENTRL_JAX_TEST_COMPILE_FLAGS", ""))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -60,7 +60,7 @@ def _damage(step_dir: pathlib.Path, how: str) -> None:
 def _relaunch(workdir):
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join(
       [str(REPO), os.environ.get("PYTHONPATH", "")])}
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = os.environ.get("AGENTRL_JAX_TEST_COMPILE_FLAGS", "")  # one device
   return subprocess.run([sys.executable, "-c", _RELAUNCH, str(workdir)], capture_output=True,
                         text=True, env=env, timeout=300, check=False)
 
