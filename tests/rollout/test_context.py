@@ -126,10 +126,12 @@ def test_recorded_floors_are_the_promised_ones_and_tito_holds(tok, model, ctx):
   assert np.abs(_replayed_log_probs(model, traj, False)[mask] - traj.sample_logprob[mask]).max() > 1e-3
 
 
-def test_a_floor_that_hides_nothing_samples_bit_identically(tok, model):
+def test_a_floor_that_hides_nothing_samples_the_same_episodes(tok, model):
   # 'last_k' with more history than turns passes a zero floor through the masked code path.
   full, _ = _collect(tok, model, context.ContextConfig())
   wide, _ = _collect(tok, model, context.ContextConfig(policy="last_k", history_turns=8))
   assert "context_floor" not in full.extras and not wide.extras["context_floor"].any()
   np.testing.assert_array_equal(wide.tokens, full.tokens)
-  np.testing.assert_array_equal(wide.sample_logprob, full.sample_logprob)
+  # Two different programs: XLA may order their float operations differently (it does at
+  # another optimisation level), so the log-probs agree to rounding, not bit for bit.
+  np.testing.assert_allclose(wide.sample_logprob, full.sample_logprob, rtol=1e-6, atol=1e-6)

@@ -61,6 +61,13 @@ GROUP_IDS = [0, 0, 1, 1]
 
 
 @pytest.fixture
+def make_trajectories(tok):
+  """`build_trajectories` with the session tokenizer, for tests that build their own batch (a
+  fixture: `from conftest import ...` picks whichever conftest a worker imported first)."""
+  return lambda episodes, group_ids, **kwargs: build_trajectories(tok, episodes, group_ids, **kwargs)
+
+
+@pytest.fixture
 def episodes():
   return EPISODES
 

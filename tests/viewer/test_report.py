@@ -124,12 +124,11 @@ def test_turn_feedback_shows_reward_outcome_sub_outcomes_and_errors(tok, traj, a
   assert "outcome +1" in document
 
 
-def test_select_rows_prefers_whole_groups_with_mixed_outcomes(tok):
-  from conftest import build_trajectories  # pylint: disable=import-outside-toplevel
+def test_select_rows_prefers_whole_groups_with_mixed_outcomes(make_trajectories):
   win = [("o", "down", 1.0, True, False)]
   lose = [("o", "up", 0.0, True, False)]
   # Group 3 (rows 0, 1) is uniform, group 5 (rows 2, 3, 4) mixed, group 7 (row 5) a singleton.
-  traj = build_trajectories(tok, [lose, lose, win, lose, lose, win], [3, 3, 5, 5, 5, 7])
+  traj = make_trajectories([lose, lose, win, lose, lose, win], [3, 3, 5, 5, 5, 7])
   assert report.select_rows(traj, 3) == [2, 3, 4]
   assert report.select_rows(traj, 4) == [0, 2, 3, 4]
   assert report.select_rows(traj, 10) == [0, 1, 2, 3, 4, 5]
