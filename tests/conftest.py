@@ -8,8 +8,9 @@ import tempfile
 # Must precede the first `import jax` anywhere in the test session.
 # Tests compile hundreds of small programs and run each for milliseconds, so LLVM's optimisation
 # passes cost far more than they save: level 0 cuts a tiny training run's CPU time by a third. It
-# changes code generation only, not what a program computes (the reference-parity tests run under
-# it). Subprocesses that set their own XLA_FLAGS add `AGENTRL_JAX_TEST_COMPILE_FLAGS` to them.
+# changes code generation, so float rounding may differ in the last bit, never what a program
+# computes (the reference-parity tests run under it, at their tolerances). Subprocesses that set
+# their own XLA_FLAGS add `AGENTRL_JAX_TEST_COMPILE_FLAGS` to them.
 os.environ.setdefault("AGENTRL_JAX_TEST_COMPILE_FLAGS", "--xla_backend_optimization_level=0")
 # A loaded 2-core machine can stall one of 8 fake devices past XLA's 40 s collective timeout.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
