@@ -105,10 +105,14 @@ def make_optimizer(config: configs.OptimConfig, total_steps: int) -> optax.Gradi
        optax.linear_schedule(config.learning_rate, end, max(total_steps - config.warmup_steps, 1))],
       [max(config.warmup_steps, 1)]) if config.warmup_steps else optax.linear_schedule(
           config.learning_rate, end, max(total_steps, 1))
-  return optax.chain(
-      optax.clip_by_global_norm(config.max_grad_norm),
-      optax.adamw(schedule, b1=config.b1, b2=config.b2, weight_decay=config.weight_decay,
-                  mu_dtype=jnp.dtype(config.first_moment_dtype)))
+  if config.optimizer == "sgd":
+    # Weight decay decoupled from the momentum, as in AdamW: added after it, before the rate.
+    update = optax.chain(optax.trace(decay=config.b1), optax.add_decayed_weights(config.weight_decay),
+                         optax.scale_by_learning_rate(schedule))
+  else:
+    update = optax.adamw(schedule, b1=config.b1, b2=config.b2, weight_decay=config.weight_decay,
+                         mu_dtype=jnp.dtype(config.first_moment_dtype))
+  return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), update)
 
 
 def restricted_sampling(sampling: sampler_lib.SamplingConfig, env, tok: tokenizer_lib.Tokenizer):

@@ -81,11 +81,21 @@ class TrainConfig:
     return self.tasks_per_iteration * self.group_size
 
 
+OPTIMIZERS = ("adamw", "sgd")
+
+
 @config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class OptimConfig:
-  """AdamW with global-norm clipping and a linear decay from `learning_rate` to `end_learning_rate`."""
+  """AdamW (or SGD) with global-norm clipping and a linear decay from `learning_rate` to
+  `end_learning_rate`.
 
+  `optimizer = 'sgd'` is SGD with momentum `b1` (0 for none; `b2` and `first_moment_dtype` unused):
+  with the gradient clipped to norm `max_grad_norm` it is the normalised SGD of the stylised
+  step-gap analysis, for studies of what Adam's per-parameter scaling does to credit assignment.
+  """
+
+  optimizer: str = "adamw"
   learning_rate: float = 1e-3
   end_learning_rate: float | None = None
   warmup_steps: int = 0
@@ -100,6 +110,10 @@ class OptimConfig:
 
   def __post_init__(self):
     config_errors.check_field_types(self)
+    if self.optimizer not in OPTIMIZERS:
+      raise ValueError(f"OptimConfig.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+    if not 0 <= self.b1 < 1:
+      raise ValueError(f"OptimConfig.b1 must be in [0, 1), got {self.b1}")
     if self.first_moment_dtype not in ("float32", "bfloat16"):
       raise ValueError(f"OptimConfig.first_moment_dtype must be 'float32' or 'bfloat16', got "
                        f"{self.first_moment_dtype!r}")

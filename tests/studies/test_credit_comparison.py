@@ -299,6 +299,11 @@ def test_results_file_merges_runs_from_several_writers(tmp_path):
 def test_benchmark_specs_and_reading_back_only_runs_of_the_same_spec(tmp_path):
   assert cc.benchmark_spec("dd_chain_t32_m2").num_iterations == 20
   assert cc.benchmark_spec("frozenlake_6x6").num_iterations == 50
+  sgd = cc.benchmark_spec("dd_chain_t32_m4_sgd")
+  assert (sgd.optimizer, sgd.num_iterations) == ("sgd", 20)
+  assert cc.benchmark_spec("dd_chain_t32_m4").optimizer == "adamw"
+  assert [m.name for m in cc.METHODS if cc.applies(m, "dd_chain_t32_m4_sgd")] == [
+      "grpo", "grpo_oracle_turn"]
   with pytest.raises(ValueError, match="unknown env setting"):
     cc.benchmark_spec("dd_chain_t64")
   path = str(tmp_path / "bench.json")
@@ -311,6 +316,12 @@ def test_benchmark_specs_and_reading_back_only_runs_of_the_same_spec(tmp_path):
   changed = dataclasses.replace(lake, learning_rate=1e-4)
   got = cc.read_results_file(path, {"dd_chain": chain, "frozenlake": changed})
   assert list(got) == [("dd_chain", "grpo", 0)] and got["dd_chain", "grpo", 0].eval_success == 1.0
+  # A spec written before a field existed reads as that field's default, and only as it.
+  old = {k: v for k, v in cc.spec_record(chain).items() if k != "optimizer"}
+  cc.merge_results_file(path, [], {"dd_chain": old})
+  assert list(cc.read_results_file(path, {"dd_chain": chain})) == [("dd_chain", "grpo", 0)]
+  sgd = dataclasses.replace(chain, optimizer="sgd")
+  assert cc.read_results_file(path, {"dd_chain": sgd}) == {}
   # fresh=True replaces what the file held.
   cc.merge_results_file(path, [_final("rloo", "dd_chain", 1, 0.0)], {}, fresh=True)
   assert cc.read_results_file(path, {"dd_chain": chain}) == {}
