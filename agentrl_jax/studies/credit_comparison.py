@@ -104,13 +104,18 @@ RESULT_FILE = "comparison_result.json"  # written when a run finishes; read back
 # episodes; every applicable method on each, with the same episodes per iteration and iterations.
 BENCHMARK_SETTINGS = ("dd_chain_t32_m1", "dd_chain_t32_m2", "dd_chain_t32_m4", "dd_chain_t32_m8",
                       "frozenlake_6x6", "dd_chain_t32_m1_sgd", "dd_chain_t32_m2_sgd",
-                      "dd_chain_t32_m4_sgd", "dd_chain_t32_m8_sgd")
-# The chains again under clipped SGD instead of Adam (`benchmark_spec`), GRPO against the oracle
-# turn-level gate only: whether the gradient-SNR advantage of turn-level credit turns into speed
-# when the optimizer does not rescale each parameter by its own gradient history.
+                      "dd_chain_t32_m4_sgd", "dd_chain_t32_m8_sgd", "dd_chain_t32_m4_b8")
+# The chains again under clipped SGD instead of Adam (`benchmark_spec`): whether the
+# gradient-SNR advantage of turn-level credit turns into speed when the optimizer does not
+# rescale each parameter by its own gradient history.
 SGD_CHAINS = ("dd_chain_t32_m1_sgd", "dd_chain_t32_m2_sgd", "dd_chain_t32_m4_sgd",
               "dd_chain_t32_m8_sgd")
-SGD_METHODS = ("grpo", "grpo_oracle_turn")
+# m = 4 with 8 episodes an iteration instead of 64: whether it does when the batch gradient is
+# itself noisy (a batch of 64 has √64 = 8 times the SNR of one trajectory).
+SMALL_BATCH_CHAINS = ("dd_chain_t32_m4_b8",)
+# On those settings only GRPO and its oracle-gated version run: the question is their gap.
+GATE_SETTINGS = SGD_CHAINS + SMALL_BATCH_CHAINS
+GATE_METHODS = ("grpo", "grpo_oracle_turn")
 # SGD's rate on these chains: at 0.1 GRPO reached 0.9 training success at m = 4 by iteration 5
 # (Adam's median is 8), at 0.03 by iteration 10 (seed 0), leaving room for a gap.
 SGD_LEARNING_RATE = 0.03
@@ -176,6 +181,7 @@ SETTINGS: Mapping[str, Setting] = MappingProxyType({
     # The benchmark's low-density chains: T = 32 turns, m decisions (ρ = m/32).
     **{f"dd_chain_t32_m{m}": _dd_chain(32, m) for m in (1, 2, 4, 8)},
     **{f"dd_chain_t32_m{m}_sgd": _dd_chain(32, m) for m in (1, 2, 4, 8)},
+    "dd_chain_t32_m4_b8": _dd_chain(32, 4),
     # Longer horizons where credit matters more: 6x6 maps, up to 18 moves.
     "frozenlake_6x6": Setting(env="frozenlake", env_kwargs={"size": 6, "hole_prob": 0.2,
                                                             "max_turns": 18},
@@ -187,12 +193,12 @@ ENVS = SETTINGS  # the comparison's original name for them
 
 def applies(method: Method, setting: str) -> bool:
   """Whether `method` is run on `setting`: the curiosity penalty only where states repeat, the
-  oracle gate only where the env reports its decision turns (DD-Chain), and on the SGD chains
-  only `SGD_METHODS`."""
+  oracle gate only where the env reports its decision turns (DD-Chain), and on
+  `GATE_SETTINGS` only `GATE_METHODS`."""
   if method.oracle_gate and SETTINGS[setting].env != "dd_chain":
     return False
-  if setting in SGD_CHAINS:
-    return method.name in SGD_METHODS
+  if setting in GATE_SETTINGS:
+    return method.name in GATE_METHODS
   return not method.curiosity or SETTINGS[setting].loops
 
 
@@ -250,6 +256,10 @@ def benchmark_spec(setting: str) -> ComparisonSpec:
   spec = dataclasses.replace(BENCHMARK_SPEC, num_iterations=iterations)
   if setting in SGD_CHAINS:
     spec = dataclasses.replace(spec, optimizer="sgd", learning_rate=SGD_LEARNING_RATE)
+  if setting in SMALL_BATCH_CHAINS:
+    # 480 episodes against the 1280 of the 64-episode chains: small batches learn more per
+    # episode, and 160 iterations would not fit beside the rest.
+    spec = dataclasses.replace(spec, tasks_per_iteration=2, group_size=4, num_iterations=60)
   return spec
 
 

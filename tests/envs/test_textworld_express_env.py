@@ -139,3 +139,36 @@ def test_malformed_actions_get_a_clear_observation(make_env, action, fragment):
   result = env.step(action)
   assert fragment in result.observation
   assert result.info["action_valid"] is False and result.reward == 0.0
+
+
+def test_brief_coin_observations_keep_room_coin_and_exits_only(make_env):
+  params = "numLocations=6,numDistractorItems=0,includeDoors=0"
+  full, brief = make_env(game="coin", game_params=params), make_env(game="coin", game_params=params,
+                                                                      brief=True)
+  saw_coin = False
+  for seed in range(6):
+    long_text, short_text = full.reset(seed), brief.reset(seed)
+    while True:
+      # Every sentence kept is one of the full text's; the furniture leads are gone unless the
+      # sentence names the coin; the room and the exits stay.
+      sentences = [s for s in twx._SENTENCE_END.split(short_text.replace("\n", " ")) if s]
+      assert all(s.strip() in long_text for s in sentences), (short_text, long_text)
+      assert not any(s.startswith(twx._FURNITURE_LEADS) and "coin" not in s for s in sentences)
+      if "You are in" in long_text:
+        assert "You are in" in short_text
+      assert ("To the" in short_text) == ("To the" in long_text)
+      assert ("coin" in short_text.split("\n", 1)[1]) == ("coin" in long_text.split("\n", 1)[1])
+      saw_coin |= "a coin" in short_text
+      assert len(short_text) < len(long_text) or "You are in" not in long_text
+      action = full.expert_action()  # both play the same commands in the same game
+      a, b = full.step(action), brief.step(action)
+      assert (a.reward, a.done) == (b.reward, b.done)
+      long_text, short_text = a.observation, b.observation
+      if a.done:
+        break
+  assert saw_coin
+
+
+def test_brief_is_refused_outside_coin():
+  with pytest.raises(ValueError, match="coin game only"):
+    twx.TextWorldExpress(game="twc", brief=True)

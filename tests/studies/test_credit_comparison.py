@@ -302,8 +302,10 @@ def test_benchmark_specs_and_reading_back_only_runs_of_the_same_spec(tmp_path):
   sgd = cc.benchmark_spec("dd_chain_t32_m4_sgd")
   assert (sgd.optimizer, sgd.num_iterations) == ("sgd", 20)
   assert cc.benchmark_spec("dd_chain_t32_m4").optimizer == "adamw"
-  assert [m.name for m in cc.METHODS if cc.applies(m, "dd_chain_t32_m4_sgd")] == [
-      "grpo", "grpo_oracle_turn"]
+  small = cc.benchmark_spec("dd_chain_t32_m4_b8")
+  assert (small.tasks_per_iteration * small.group_size, small.optimizer) == (8, "adamw")
+  for setting in cc.GATE_SETTINGS:
+    assert [m.name for m in cc.METHODS if cc.applies(m, setting)] == ["grpo", "grpo_oracle_turn"]
   with pytest.raises(ValueError, match="unknown env setting"):
     cc.benchmark_spec("dd_chain_t64")
   path = str(tmp_path / "bench.json")
