@@ -91,8 +91,8 @@ class OptimConfig:
   `end_learning_rate`.
 
   `optimizer = 'sgd'` is SGD with momentum `b1` (0 for none; `b2` and `first_moment_dtype` unused):
-  with the gradient clipped to norm `max_grad_norm` it is the normalised SGD of the stylised
-  step-gap analysis, for studies of what Adam's per-parameter scaling does to credit assignment.
+  for studies of what Adam's per-parameter scaling does to credit assignment. The clip makes it
+  normalised SGD only on steps whose gradient norm exceeds `max_grad_norm`.
   """
 
   optimizer: str = "adamw"
