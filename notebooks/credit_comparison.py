@@ -87,16 +87,15 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 if SMALL:
   SPEC = cc.ComparisonSpec(num_iterations=2, tasks_per_iteration=2, group_size=2, num_layers=1,
                            d_model=32, eval_tasks=4)
-  SEEDS = [0]
+  SEEDS = (0,)
   # One method per kind of baseline: trajectory group, step group, critic, shaped reward, gate.
   PLAN = {"dd_chain": ["grpo", "gigpo", "ppo_gae", "grpo_curiosity", "grpo_oracle_turn"],
           "frozenlake": ["grpo", "grpo_curiosity"]}
 elif os.environ.get("STUDY_SET") == "benchmark":
-  # The credit benchmark: low decision densities and longer horizons, five seeds, equal
+  # The credit benchmark: low decision densities and longer horizons, 5 or 20 seeds, equal
   # environment steps within a setting (the same episodes per iteration and iterations for every
   # method; `cc.benchmark_spec`: 20 iterations on the chains, 50 on 6x6 FrozenLake).
   SPEC = cc.BENCHMARK_SPEC
-  SEEDS = [0, 1, 2, 3, 4]
   settings = os.environ.get("STUDY_SETTINGS", ",".join(cc.BENCHMARK_SETTINGS)).split(",")
   unknown = sorted(set(settings) - set(cc.BENCHMARK_SETTINGS))
   if unknown:
@@ -110,7 +109,7 @@ elif os.environ.get("STUDY_SET") == "benchmark":
   PLAN = {setting: [m.name for m in chosen if cc.applies(m, setting)] for setting in settings}
 else:
   SPEC = cc.ComparisonSpec(num_iterations=50, tasks_per_iteration=8, group_size=8)
-  SEEDS = [0, 1, 2]
+  SEEDS = (0, 1, 2)
   PLAN = {env: [m.name for m in cc.METHODS if cc.applies(m, env)]
           for env in ("dd_chain", "frozenlake")}
 METHODS = {m.name: m for m in cc.METHODS}
@@ -119,8 +118,10 @@ BENCHMARK = os.environ.get("STUDY_SET") == "benchmark" and not SMALL
 NAME = "credit_benchmark" if BENCHMARK else "credit_comparison"
 
 SPECS = {env: cc.benchmark_spec(env) if BENCHMARK else SPEC for env in cc.SETTINGS}
+# The seeds of each setting: the benchmark runs 20 on its cheap small-batch chains, 5 elsewhere.
+SEEDS_OF = {env: cc.benchmark_seeds(env) if BENCHMARK else SEEDS for env in PLAN}
 RESULTS_PATH = OUTPUT_DIR / "results" / f"{NAME}.json"
-print(f"SMALL={SMALL}  spec={SPEC}  seeds={SEEDS}  runs in {RUNS_DIR}  devices={jax.devices()}")
+print(f"SMALL={SMALL}  spec={SPEC}  seeds={SEEDS_OF}  runs in {RUNS_DIR}  devices={jax.devices()}")
 
 # %% [markdown]
 # ## Train every (env, method, seed)
@@ -134,12 +135,13 @@ print(f"{len(done)} runs read back from {RESULTS_PATH}")
 # STUDY_ANALYSE_ONLY=1: no training; the plan shrinks to the (setting, method) pairs whose every
 # seed is in the results file, and the table, tests and figure are made from those.
 if os.environ.get("STUDY_ANALYSE_ONLY") == "1":
-  PLAN = {env: [name for name in names if all((env, name, seed) in done for seed in SEEDS)]
+  PLAN = {env: [name for name in names
+                if all((env, name, seed) in done for seed in SEEDS_OF[env])]
           for env, names in PLAN.items()}
   PLAN = {env: names for env, names in PLAN.items() if names}
   if not PLAN:
     raise ValueError(f"STUDY_ANALYSE_ONLY: no (setting, method) in {RESULTS_PATH} has all seeds "
-                     f"{SEEDS}")
+                     f"{SEEDS_OF}")
   print(f"analysing the finished runs only: {PLAN}")
 # Runs are merged into the results file under a lock (other processes may be running other
 # methods or settings); the CI size replaces the file instead, its runs sharing keys with the
@@ -150,7 +152,7 @@ start = time.time()
 results = []
 for env, names in PLAN.items():
   for name in names:
-    for seed in SEEDS:
+    for seed in SEEDS_OF[env]:
       run_start = time.time()
       if (env, name, seed) in done:
         results.append(done[env, name, seed])
@@ -158,7 +160,8 @@ for env, names in PLAN.items():
       results.append(cc.run_method(str(RUNS_DIR / f"{env}_{name}_seed{seed}"),
                                    method=METHODS[name], env=env, seed=seed, spec=SPECS[env]))
       if not SMALL:
-        cc.merge_results_file(str(RESULTS_PATH), results, PLAN_SPECS, small=SMALL, seeds=SEEDS)
+        cc.merge_results_file(str(RESULTS_PATH), results, PLAN_SPECS, small=SMALL,
+                              seeds={env: list(SEEDS_OF[env]) for env in PLAN})
       print(f"{env:10s} {name:15s} seed {seed}: final train success "
             f"{results[-1].success[-1]:.3f}, held-out {results[-1].eval_success:.3f} "
             f"({time.time() - run_start:.0f} s)", flush=True)
@@ -217,7 +220,7 @@ for row, env in enumerate(envs):
     ax.set(xlabel="iteration", ylabel=label, title=f"{env}: {label}")
     if col == 0:
       ax.legend(fontsize=7, ncol=2)
-fig.suptitle(f"{len(SEEDS)} seed(s), bands = 95% t-interval over seeds"
+fig.suptitle(f"{'/'.join(sorted({str(len(SEEDS_OF[env])) for env in PLAN}))} seed(s) a setting, bands = 95% t-interval over seeds"
              + (" (SMALL)" if SMALL else ""))
 fig.tight_layout()
 (OUTPUT_DIR / "figures").mkdir(parents=True, exist_ok=True)
@@ -229,7 +232,7 @@ print("wrote", figure_path)
 (OUTPUT_DIR / "results").mkdir(parents=True, exist_ok=True)
 (OUTPUT_DIR / "results" / f"{NAME}.md").write_text(table + "\n")
 cc.merge_results_file(str(RESULTS_PATH), results, PLAN_SPECS, fresh=SMALL, small=SMALL,
-                      seeds=SEEDS, plan=PLAN, runtime_s=elapsed,
+                      seeds={env: list(SEEDS_OF[env]) for env in PLAN}, plan=PLAN, runtime_s=elapsed,
                       against_grpo=[c._asdict() for c in comparisons], step_gap=step_gaps)
 results_path = RESULTS_PATH
 print("wrote", results_path)
@@ -247,7 +250,7 @@ print("wrote", results_path)
 # is at least halfway from chance to 1.
 
 # %%
-assert len(results) == sum(len(v) for v in PLAN.values()) * len(SEEDS)
+assert len(results) == sum(len(names) * len(SEEDS_OF[env]) for env, names in PLAN.items())
 for r in results:
   for values in (r.success, r.repeated_action_rate, r.invalid_action_rate):
     assert values.shape == (SPECS[r.env].num_iterations,), r
@@ -256,7 +259,7 @@ for r in results:
 RATES = ("success", "repeated_action_rate", "invalid_action_rate")
 runs = {(r.env, r.method, r.seed): r for r in results}
 for env, names in PLAN.items():
-  for seed in SEEDS:
+  for seed in SEEDS_OF[env]:
     firsts = {tuple(float(getattr(runs[env, name, seed], f)[0]) for f in RATES) for name in names}
     assert len(firsts) == 1, (env, seed, firsts)
     if env == "dd_chain" and {"grpo", "grpo_curiosity"} <= set(names):

@@ -104,15 +104,20 @@ RESULT_FILE = "comparison_result.json"  # written when a run finishes; read back
 # episodes; every applicable method on each, with the same episodes per iteration and iterations.
 BENCHMARK_SETTINGS = ("dd_chain_t32_m1", "dd_chain_t32_m2", "dd_chain_t32_m4", "dd_chain_t32_m8",
                       "frozenlake_6x6", "dd_chain_t32_m1_sgd", "dd_chain_t32_m2_sgd",
-                      "dd_chain_t32_m4_sgd", "dd_chain_t32_m8_sgd", "dd_chain_t32_m4_b8")
+                      "dd_chain_t32_m4_sgd", "dd_chain_t32_m8_sgd", "dd_chain_t32_m4_b8",
+                      "dd_chain_t32_m4_b4")
 # The chains again under clipped SGD instead of Adam (`benchmark_spec`): whether the
 # gradient-SNR advantage of turn-level credit turns into speed when the optimizer does not
 # rescale each parameter by its own gradient history.
 SGD_CHAINS = ("dd_chain_t32_m1_sgd", "dd_chain_t32_m2_sgd", "dd_chain_t32_m4_sgd",
               "dd_chain_t32_m8_sgd")
-# m = 4 with 8 episodes an iteration instead of 64: whether it does when the batch gradient is
-# itself noisy (a batch of 64 has √64 = 8 times the SNR of one trajectory).
-SMALL_BATCH_CHAINS = ("dd_chain_t32_m4_b8",)
+# m = 4 with 8 or 4 episodes an iteration instead of 64: whether it does when the batch gradient
+# is itself noisy (a batch of 64 has √64 = 8 times the SNR of one trajectory). Each is
+# (tasks per iteration, group size, iterations): 480 and 400 episodes against the 1280 of the
+# 64-episode chains, since small batches learn more per episode.
+SMALL_BATCHES: Mapping[str, tuple[int, int, int]] = MappingProxyType({
+    "dd_chain_t32_m4_b8": (2, 4, 60), "dd_chain_t32_m4_b4": (1, 4, 100)})
+SMALL_BATCH_CHAINS = tuple(SMALL_BATCHES)
 # On those settings only GRPO and its oracle-gated version run: the question is their gap.
 GATE_SETTINGS = SGD_CHAINS + SMALL_BATCH_CHAINS
 GATE_METHODS = ("grpo", "grpo_oracle_turn")
@@ -181,7 +186,7 @@ SETTINGS: Mapping[str, Setting] = MappingProxyType({
     # The benchmark's low-density chains: T = 32 turns, m decisions (ρ = m/32).
     **{f"dd_chain_t32_m{m}": _dd_chain(32, m) for m in (1, 2, 4, 8)},
     **{f"dd_chain_t32_m{m}_sgd": _dd_chain(32, m) for m in (1, 2, 4, 8)},
-    "dd_chain_t32_m4_b8": _dd_chain(32, 4),
+    **{name: _dd_chain(32, 4) for name in ("dd_chain_t32_m4_b8", "dd_chain_t32_m4_b4")},
     # Longer horizons where credit matters more: 6x6 maps, up to 18 moves.
     "frozenlake_6x6": Setting(env="frozenlake", env_kwargs={"size": 6, "hole_prob": 0.2,
                                                             "max_turns": 18},
@@ -256,11 +261,20 @@ def benchmark_spec(setting: str) -> ComparisonSpec:
   spec = dataclasses.replace(BENCHMARK_SPEC, num_iterations=iterations)
   if setting in SGD_CHAINS:
     spec = dataclasses.replace(spec, optimizer="sgd", learning_rate=SGD_LEARNING_RATE)
-  if setting in SMALL_BATCH_CHAINS:
-    # 480 episodes against the 1280 of the 64-episode chains: small batches learn more per
-    # episode, and 160 iterations would not fit beside the rest.
-    spec = dataclasses.replace(spec, tasks_per_iteration=2, group_size=4, num_iterations=60)
+  if setting in SMALL_BATCHES:
+    tasks, group, iterations = SMALL_BATCHES[setting]
+    spec = dataclasses.replace(spec, tasks_per_iteration=tasks, group_size=group,
+                               num_iterations=iterations)
   return spec
+
+
+def benchmark_seeds(setting: str) -> tuple[int, ...]:
+  """The credit benchmark's seeds on `setting`: 5, and 20 on the small-batch chains, whose runs
+  take under a minute and whose iterations to threshold spread too widely for 5 to tell a gap
+  of 1.4 from none."""
+  if setting not in SETTINGS:
+    raise ValueError(f"unknown env setting {setting!r}; known: {sorted(SETTINGS)}")
+  return tuple(range(20 if setting in SMALL_BATCHES else 5))
 
 
 def spec_record(spec: ComparisonSpec) -> dict[str, Any]:

@@ -304,6 +304,12 @@ def test_benchmark_specs_and_reading_back_only_runs_of_the_same_spec(tmp_path):
   assert cc.benchmark_spec("dd_chain_t32_m4").optimizer == "adamw"
   small = cc.benchmark_spec("dd_chain_t32_m4_b8")
   assert (small.tasks_per_iteration * small.group_size, small.optimizer) == (8, "adamw")
+  smaller = cc.benchmark_spec("dd_chain_t32_m4_b4")
+  assert (smaller.tasks_per_iteration, smaller.group_size, smaller.num_iterations) == (1, 4, 100)
+  assert cc.benchmark_seeds("dd_chain_t32_m4") == (0, 1, 2, 3, 4)
+  assert cc.benchmark_seeds("dd_chain_t32_m4_b4") == tuple(range(20))
+  with pytest.raises(ValueError, match="unknown env setting"):
+    cc.benchmark_seeds("dd_chain_t64")
   for setting in cc.GATE_SETTINGS:
     assert [m.name for m in cc.METHODS if cc.applies(m, setting)] == ["grpo", "grpo_oracle_turn"]
   with pytest.raises(ValueError, match="unknown env setting"):
