@@ -53,6 +53,15 @@ def test_notebook_layout(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_paired_ipynb_has_the_scripts_code(path):
+  # The .ipynb is what a reader opens; a script edited without `jupytext --sync` leaves it stale.
+  cells = json.loads(path.with_suffix(".ipynb").read_text())["cells"]
+  in_notebook = ["".join(c["source"]).strip() for c in cells if c["cell_type"] == "code"]
+  in_script = [text.strip() for kind, text in _cells(path) if kind == "code"]
+  assert in_notebook == in_script
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_small(path, tmp_path):
   env = dict(os.environ, SMALL="1", STUDY_OUTPUT_DIR=str(tmp_path),
              STUDY_RUNS_DIR=str(tmp_path / "runs"), MPLBACKEND="Agg",
