@@ -462,7 +462,8 @@ def read_results_file(path: str, specs: Mapping[str, ComparisonSpec]
 
 def step_gaps(results: Sequence[RunResult], baseline: str = "grpo",
               turn: str = "grpo_oracle_turn") -> list[dict[str, Any]]:
-  """Iterations to `SUCCESS_THRESHOLD`, trajectory-level ÷ oracle turn-level, per chain setting.
+  """Iterations to `SUCCESS_THRESHOLD` (over the setting's `threshold_window`), trajectory-level
+  ÷ oracle turn-level, per chain setting.
 
   For each setting with runs of both `baseline` and `turn` on the same seeds: both medians, their
   ratio and the one-sided Mann–Whitney p of "the gated runs need fewer" (`fits.step_gap`), with
@@ -471,7 +472,8 @@ def step_gaps(results: Sequence[RunResult], baseline: str = "grpo",
   steps: dict[tuple[str, str], dict[int, int]] = {}
   for r in results:
     if r.method in (baseline, turn):
-      steps.setdefault((r.env, r.method), {})[int(r.seed)] = iterations_to_threshold(r.success)
+      steps.setdefault((r.env, r.method), {})[int(r.seed)] = iterations_to_threshold(
+          r.success, window=threshold_window(r.env))
   out = []
   for env in dict.fromkeys(r.env for r in results):
     traj, gated = steps.get((env, baseline)), steps.get((env, turn))
@@ -575,15 +577,34 @@ STATISTICS: Mapping[str, str] = MappingProxyType({
     "iterations_to_threshold": "less",     # first iteration with training success >= threshold
 })
 SUCCESS_THRESHOLD = 0.9
+# Training success is judged over at least this many episodes: one iteration of a 64-episode
+# batch, several of a small one (at 8 episodes, 0.9 would mean 8 of 8 in one lucky batch).
+THRESHOLD_EPISODES = 64
 
 
-def iterations_to_threshold(success: np.ndarray, threshold: float = SUCCESS_THRESHOLD) -> int:
-  """First iteration (1-based) whose training success is >= `threshold`; `len(success) + 1` when
-  none is (a censored run ranks behind every run that got there)."""
-  success = np.asarray(success)
+def threshold_window(setting: str) -> int:
+  """Iterations whose episodes make up `THRESHOLD_EPISODES` on `setting`: 1 but on the
+  small-batch chains."""
+  if setting not in SMALL_BATCHES:
+    return 1
+  tasks, group, _ = SMALL_BATCHES[setting]
+  return -(-THRESHOLD_EPISODES // (tasks * group))
+
+
+def iterations_to_threshold(success: np.ndarray, threshold: float = SUCCESS_THRESHOLD,
+                            window: int = 1) -> int:
+  """First iteration (1-based) from which the mean training success of `window` iterations is
+  >= `threshold` (only windows inside the run count); `len(success) + 1` when none is (a
+  censored run ranks behind every run that got there). The window looks forward, so it marks
+  when the policy got there, not when enough evidence had piled up."""
+  success = np.asarray(success, np.float64)
   if success.ndim != 1 or success.size == 0:
     raise ValueError(f"success must be a non-empty curve [num_iterations], got {success.shape}")
-  hits = np.flatnonzero(success >= threshold)
+  if window < 1:
+    raise ValueError(f"window must be >= 1, got {window}")
+  means = np.convolve(success, np.ones(window) / window, mode="valid")
+  # A window mean equal to the threshold can round just below it (e.g. (0.8 + 1.0) / 2).
+  hits = np.flatnonzero(means >= threshold - 1e-9)
   return int(hits[0]) + 1 if hits.size else success.size + 1
 
 
@@ -594,7 +615,7 @@ def run_statistic(result: RunResult, statistic: str) -> float:
   if statistic == "mean_train_success":
     return float(np.mean(result.success))
   if statistic == "iterations_to_threshold":
-    return float(iterations_to_threshold(result.success))
+    return float(iterations_to_threshold(result.success, window=threshold_window(result.env)))
   raise ValueError(f"unknown statistic {statistic!r}; known: {sorted(STATISTICS)}")
 
 

@@ -238,6 +238,17 @@ def test_iterations_to_threshold_is_the_first_crossing_or_censored():
   assert cc.iterations_to_threshold(np.array([0.1, 0.89, 0.95, 0.5])) == 3
   assert cc.iterations_to_threshold(np.array([0.1, 0.2, 0.3, 0.4])) == 5
   assert cc.iterations_to_threshold(np.array([0.9])) == 1
+  # Over a window: the first iteration whose next `window` iterations average >= threshold.
+  lucky = np.array([1.0, 0.5, 0.5, 0.8, 1.0, 1.0, 0.9])
+  assert cc.iterations_to_threshold(lucky) == 1
+  assert cc.iterations_to_threshold(lucky, window=2) == 4
+  assert cc.iterations_to_threshold(lucky, window=4) == 4
+  assert cc.iterations_to_threshold(lucky[:5], window=2) == 4  # (0.8 + 1) / 2 counts
+  assert cc.iterations_to_threshold(lucky[:4], window=2) == 5  # censored: len + 1
+  with pytest.raises(ValueError, match="window"):
+    cc.iterations_to_threshold(lucky, window=0)
+  assert cc.threshold_window("dd_chain_t32_m4") == 1
+  assert (cc.threshold_window("dd_chain_t32_m4_b8"), cc.threshold_window("dd_chain_t32_m4_b4")) == (8, 16)
   with pytest.raises(ValueError, match="non-empty curve"):
     cc.iterations_to_threshold(np.zeros((2, 2)))
 
