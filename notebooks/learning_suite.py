@@ -22,7 +22,8 @@
 # `STUDY_ENVS=frozenlake,sokoban` runs only those envs; `STUDY_SET=methods` runs every method
 # config at its own size beside plain GRPO at the same budgets instead (keep its runs in a
 # directory of their own); the table and figure cover every row with finished runs in the
-# directory. `SMALL=1`: one seed of a few FrozenLake iterations,
+# directory. `STUDY_ANALYSE_ONLY=1` launches nothing and reports the runs finished so far (a row
+# may then have fewer than 3 seeds: the table says how many). `SMALL=1`: one seed of a few FrozenLake iterations,
 # about 70 seconds, checking the pipeline rather than the learning (one seed has no interval).
 #
 # **How to run.** From the repository root:
@@ -79,7 +80,11 @@ if not SMALL and RESULTS_PATH.exists():
   previous = json.loads(RESULTS_PATH.read_text())
   if not previous.get("small"):
     print(f"{ls.restore_runs(previous['runs'], RUNS_DIR)} runs restored from {RESULTS_PATH}")
-ls.run_suite(SPECS, SEEDS, RUNS_DIR)
+# STUDY_ANALYSE_ONLY=1: nothing is launched; the table, figure and results file are made from
+# the runs finished so far (e.g. after a session ended a suite run part-way).
+ANALYSE_ONLY = os.environ.get("STUDY_ANALYSE_ONLY") == "1"
+if not ANALYSE_ONLY:
+  ls.run_suite(SPECS, SEEDS, RUNS_DIR)
 # Every finished run in the directory, also those of envs not chosen this time.
 results = [json.loads(p.read_text()) for p in sorted(RUNS_DIR.glob(f"*/seed_*/{ls.RESULT_FILE}"))]
 summary = ls.summarize(results)
@@ -131,7 +136,8 @@ print("wrote", results_path)
 # %%
 for spec in SPECS:
   runs = [r for r in results if r["env"] == spec.env]
-  assert sorted(r["seed"] for r in runs) == sorted(SEEDS), (spec.env, [r["seed"] for r in runs])
+  if not ANALYSE_ONLY:
+    assert sorted(r["seed"] for r in runs) == sorted(SEEDS), (spec.env, [r["seed"] for r in runs])
   for r in runs:
     assert all(0.0 <= s <= 1.0 for _, s in r["curve"]), r["curve"]
     assert r["curve"][-1][1] == r["after"], r
