@@ -105,18 +105,22 @@ RESULT_FILE = "comparison_result.json"  # written when a run finishes; read back
 BENCHMARK_SETTINGS = ("dd_chain_t32_m1", "dd_chain_t32_m2", "dd_chain_t32_m4", "dd_chain_t32_m8",
                       "frozenlake_6x6", "dd_chain_t32_m1_sgd", "dd_chain_t32_m2_sgd",
                       "dd_chain_t32_m4_sgd", "dd_chain_t32_m8_sgd", "dd_chain_t32_m4_b8",
-                      "dd_chain_t32_m4_b4")
+                      "dd_chain_t32_m4_b4", "dd_chain_t32_m1_b8", "dd_chain_t32_m2_b8",
+                      "dd_chain_t32_m8_b8")
 # The chains again under clipped SGD instead of Adam (`benchmark_spec`): whether the
 # gradient-SNR advantage of turn-level credit turns into speed when the optimizer does not
 # rescale each parameter by its own gradient history.
 SGD_CHAINS = ("dd_chain_t32_m1_sgd", "dd_chain_t32_m2_sgd", "dd_chain_t32_m4_sgd",
               "dd_chain_t32_m8_sgd")
-# m = 4 with 8 or 4 episodes an iteration instead of 64: whether it does when the batch gradient
-# is itself noisy (a batch of 64 has √64 = 8 times the SNR of one trajectory). Each is
-# (tasks per iteration, group size, iterations): 480 and 400 episodes against the 1280 of the
-# 64-episode chains, since small batches learn more per episode.
+# 8 or 4 episodes an iteration instead of 64: whether it does when the batch gradient is itself
+# noisy (a batch of 64 has √64 = 8 times the SNR of one trajectory); 8 episodes at every
+# density, 4 at m = 4. Each is (tasks per iteration, group size, iterations): 480 or 400
+# episodes against the 1280 of the 64-episode chains, since small batches learn more per
+# episode; 800 at m = 8, which learns slowest.
 SMALL_BATCHES: Mapping[str, tuple[int, int, int]] = MappingProxyType({
-    "dd_chain_t32_m4_b8": (2, 4, 60), "dd_chain_t32_m4_b4": (1, 4, 100)})
+    "dd_chain_t32_m4_b8": (2, 4, 60), "dd_chain_t32_m4_b4": (1, 4, 100),
+    "dd_chain_t32_m1_b8": (2, 4, 60), "dd_chain_t32_m2_b8": (2, 4, 60),
+    "dd_chain_t32_m8_b8": (2, 4, 100)})
 SMALL_BATCH_CHAINS = tuple(SMALL_BATCHES)
 # On those settings only GRPO and its oracle-gated version run: the question is their gap.
 GATE_SETTINGS = SGD_CHAINS + SMALL_BATCH_CHAINS
@@ -187,6 +191,7 @@ SETTINGS: Mapping[str, Setting] = MappingProxyType({
     **{f"dd_chain_t32_m{m}": _dd_chain(32, m) for m in (1, 2, 4, 8)},
     **{f"dd_chain_t32_m{m}_sgd": _dd_chain(32, m) for m in (1, 2, 4, 8)},
     **{name: _dd_chain(32, 4) for name in ("dd_chain_t32_m4_b8", "dd_chain_t32_m4_b4")},
+    **{f"dd_chain_t32_m{m}_b8": _dd_chain(32, m) for m in (1, 2, 8)},
     # Longer horizons where credit matters more: 6x6 maps, up to 18 moves.
     "frozenlake_6x6": Setting(env="frozenlake", env_kwargs={"size": 6, "hole_prob": 0.2,
                                                             "max_turns": 18},
