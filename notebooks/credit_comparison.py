@@ -202,6 +202,19 @@ for g in step_gaps:
         f"oracle turn-level {g['median_grpo_oracle_turn']:.1f}: gap {g['gap']:.2f}, "
         f"p = {g['p_value']:.3f} ({g['num_seeds']} seeds)")
 
+# %% [markdown]
+# ## How much of the first gradient the routine turns make
+#
+# Both methods' first update is on the same batch, and the gate removes only the routine turns'
+# terms, so √(‖g_all‖² − ‖g_gated‖²) per seed estimates the routine turns' part of the gradient
+# (`cc.first_gradient_parts`; settings whose runs recorded their gradient norms).
+
+# %%
+gradient_parts = cc.first_gradient_parts(results)
+for g in gradient_parts:
+  print(f"{g['env']}: first-update gradient norm {g['every_turn']:.3f} with every turn, "
+        f"{g['gated']:.3f} gated, routine part ≈ {g['routine']:.3f} ({g['num_seeds']} seeds)")
+
 # %%
 envs = list(PLAN)
 fig, axes = plt.subplots(len(envs), 3, figsize=(15, 4 * len(envs)), squeeze=False)
@@ -234,7 +247,8 @@ print("wrote", figure_path)
 (OUTPUT_DIR / "results" / f"{NAME}.md").write_text(table + "\n")
 cc.merge_results_file(str(RESULTS_PATH), results, PLAN_SPECS, fresh=SMALL, small=SMALL,
                       seeds={env: list(SEEDS_OF[env]) for env in PLAN}, plan=PLAN, runtime_s=elapsed,
-                      against_grpo=[c._asdict() for c in comparisons], step_gap=step_gaps)
+                      against_grpo=[c._asdict() for c in comparisons], step_gap=step_gaps,
+                      first_gradient=gradient_parts)
 results_path = RESULTS_PATH
 print("wrote", results_path)
 
@@ -257,6 +271,8 @@ for r in results:
     assert values.shape == (SPECS[r.env].num_iterations,), r
     assert np.all((values >= 0) & (values <= 1)), r
   assert 0 <= r.eval_success <= 1, r
+  if SMALL or r.grad_norm is not None:  # runs recorded before the field existed have none
+    assert r.grad_norm.shape == values.shape and np.all(r.grad_norm > 0), r
 RATES = ("success", "repeated_action_rate", "invalid_action_rate")
 runs = {(r.env, r.method, r.seed): r for r in results}
 for env, names in PLAN.items():

@@ -297,6 +297,8 @@ class RunResult(NamedTuple):
   invalid_action_rate: np.ndarray
   repeated_action_rate: np.ndarray
   eval_success: float
+  # The update's global gradient norm before clipping (None in runs recorded before it was kept).
+  grad_norm: np.ndarray | None = None
 
 
 class Summary(NamedTuple):
@@ -401,7 +403,8 @@ def run_method(workdir: str, *, method: Method, env: str, seed: int,
       success=np.array([r["train/success"] for _, r in records]),
       invalid_action_rate=np.array([r["rollout/invalid_action_rate"] for _, r in records]),
       repeated_action_rate=np.array([p["repeated_action_rate"] for p in probe.records]),
-      eval_success=float(summary.success_after))
+      eval_success=float(summary.success_after),
+      grad_norm=np.array([r["loss/grad_norm"] for _, r in records]))
   with open(saved, "w", encoding="utf-8") as f:
     json.dump(result_record(result), f)
   return result
@@ -413,9 +416,10 @@ def result_record(result: RunResult) -> dict[str, Any]:
 
 
 def result_from_record(record: Mapping[str, Any]) -> RunResult:
-  """The `RunResult` of a `result_record` (extra keys are ignored)."""
+  """The `RunResult` of a `result_record` (extra keys are ignored; a missing optional field
+  takes its default)."""
   return RunResult(**{k: np.asarray(record[k]) if isinstance(record[k], list) else record[k]
-                      for k in RunResult._fields})
+                      for k in RunResult._fields if k in record})
 
 
 def merge_results_file(path: str, results: Sequence[RunResult], specs: Mapping[str, Any],
@@ -491,6 +495,33 @@ def step_gaps(results: Sequence[RunResult], baseline: str = "grpo",
                 "num_seeds": len(seeds), "median_" + baseline: float(gap.median_traj[0]),
                 "median_" + turn: float(gap.median_turn[0]), "gap": float(gap.gap[0]),
                 "p_value": float(gap.p_value[0])})
+  return out
+
+
+def first_gradient_parts(results: Sequence[RunResult], baseline: str = "grpo",
+                         turn: str = "grpo_oracle_turn") -> list[dict[str, Any]]:
+  """How much of the first update's gradient the routine turns make, per setting.
+
+  Both methods' first update is on the same batch (same seed, same first samples), and the gate
+  only removes the routine turns' terms, so per seed the routine part is
+  √(max(‖g_all‖² − ‖g_gated‖², 0)) (treating the two parts as orthogonal). Returns, for each
+  setting with recorded gradient norms of both methods on common seeds, the means over seeds of
+  ‖g_all‖, ‖g_gated‖ and that routine part.
+  """
+  norms: dict[tuple[str, str], dict[int, float]] = {}
+  for r in results:
+    if r.method in (baseline, turn) and r.grad_norm is not None:
+      norms.setdefault((r.env, r.method), {})[int(r.seed)] = float(np.asarray(r.grad_norm)[0])
+  out = []
+  for env in dict.fromkeys(r.env for r in results):
+    every, gated = norms.get((env, baseline), {}), norms.get((env, turn), {})
+    seeds = sorted(set(every) & set(gated))
+    if not seeds:
+      continue
+    a, g = np.array([every[k] for k in seeds]), np.array([gated[k] for k in seeds])
+    out.append({"env": env, "num_seeds": len(seeds), "every_turn": float(a.mean()),
+                "gated": float(g.mean()),
+                "routine": float(np.sqrt(np.maximum(a ** 2 - g ** 2, 0.0)).mean())})
   return out
 
 

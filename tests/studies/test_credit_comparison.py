@@ -226,6 +226,26 @@ def test_a_finished_run_is_read_back_instead_of_trained_again(tmp_path):
   np.testing.assert_array_equal(got.success, saved.success)
 
 
+def test_first_gradient_parts_take_the_routine_part_per_seed():
+  def run(method, seed, first_norm):
+    return cc.RunResult(method=method, env="dd_chain_t32_m4_b8", seed=seed, success=np.zeros(2),
+                        invalid_action_rate=np.zeros(2), repeated_action_rate=np.zeros(2),
+                        eval_success=1.0, grad_norm=np.array([first_norm, 9.0]))
+  results = [run("grpo", 0, 5.0), run("grpo_oracle_turn", 0, 3.0),   # routine part 4
+             run("grpo", 1, 1.0), run("grpo_oracle_turn", 1, 2.0),   # gated larger: 0
+             run("grpo", 2, 7.0),                                    # no gated run: left out
+             _final("grpo", "dd_chain", 0, 1.0), _final("grpo_oracle_turn", "dd_chain", 0, 1.0)]
+  (got,) = cc.first_gradient_parts(results)  # dd_chain's runs recorded no norms
+  assert got == {"env": "dd_chain_t32_m4_b8", "num_seeds": 2, "every_turn": 3.0, "gated": 2.5,
+                 "routine": 2.0}
+  # A record written before the field existed reads back without it.
+  record = cc.result_record(_final("grpo", "dd_chain", 0, 1.0))
+  assert record["grad_norm"] is None
+  del record["grad_norm"]
+  assert cc.result_from_record(record).grad_norm is None
+  assert cc.result_from_record(cc.result_record(results[0])).grad_norm.tolist() == [5.0, 9.0]
+
+
 def _curve(method, seed, success, eval_success=1.0):
   success = np.asarray(success, float)
   return cc.RunResult(method=method, env="dd_chain_t32_m2", seed=seed, success=success,
