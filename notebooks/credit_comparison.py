@@ -150,9 +150,11 @@ PLAN_SPECS = {env: cc.spec_record(SPECS[env]) for env in PLAN}
 
 start = time.time()
 results = []
+# Seed by seed, every method of a seed in turn: a study stopped part-way leaves complete seeds
+# (pairs for the paired tests), not one method's every seed.
 for env, names in PLAN.items():
-  for name in names:
-    for seed in SEEDS_OF[env]:
+  for seed in SEEDS_OF[env]:
+    for name in names:
       run_start = time.time()
       if (env, name, seed) in done:
         results.append(done[env, name, seed])
