@@ -2,10 +2,10 @@
 
 A GGUF file holds, in one file, the architecture as metadata keys (`llama.block_count`, ...),
 every tensor (quantized in blocks or plain floats), and the tokenizer: its tokens, merges and
-token types, the special token ids and a Jinja chat template. The `gguf` package (extra `hf`)
-parses the file and dequantizes every block format it knows; this module maps the result onto
-`transformer.TransformerConfig` and our parameter layout, builds a `tokenizers` byte-level BPE,
-and recognises a ChatML template as `hf_tokenizer.ChatTemplate`.
+token types, the special token ids and a Jinja chat template. `gguf_file` parses the container,
+the `gguf` package (extra `hf`) dequantizes every block format it knows, and this module maps
+the result onto `transformer.TransformerConfig` and our parameter layout, builds a `tokenizers`
+byte-level BPE, and recognises a ChatML template as `hf_tokenizer.ChatTemplate`.
 
 Layout differences handled here (GGUF -> ours). `gguf` returns a weight as [out, in] (llama.cpp's
 ne0 is the fastest axis, the input features), the same as a Hugging Face checkpoint, so the
@@ -34,6 +34,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from agentrl_jax.models import gguf_file
 from agentrl_jax.models import hf
 from agentrl_jax.models import hf_tokenizer
 from agentrl_jax.models import transformer
@@ -103,12 +104,12 @@ def _one_line(error: Exception) -> str:
   return " ".join(f"{type(error).__name__}: {error}".split())
 
 
-def open_gguf(path: str):
-  """A `gguf.GGUFReader` over `path` (memory-mapped; no tensor data is read).
+def open_gguf(path: str) -> gguf_file.GGUFFile:
+  """The parsed header of the GGUF file at `path`: metadata and tensor directory, no data.
 
   Raises:
     GGUFError: when `gguf` is not installed, the file is missing, not a GGUF file, or truncated
-      (its header or a tensor's data extends past its end).
+      (its header or a tensor's data extends past its end), or a tensor's type is unknown.
   """
   try:
     import gguf
@@ -122,24 +123,39 @@ def open_gguf(path: str):
     raise GGUFError(f"{path}: not a GGUF file (starts with {magic!r}, not {_MAGIC!r})")
   size = os.path.getsize(path)
   try:
-    reader = gguf.GGUFReader(path)
-  # The reader fails deep in NumPy when the bytes run out (a reshape or a view past the end).
-  except (ValueError, IndexError, KeyError, OverflowError) as e:
-    raise GGUFError(f"{path}: truncated or corrupt GGUF file ({size} bytes): "
-                    f"{_one_line(e)}") from None
+    reader = gguf_file.read(path)
+  except gguf_file.GGUFFormatError as e:
+    kind = "truncated" if "the file ends" in str(e) else "corrupt"
+    raise GGUFError(f"{path}: {kind} GGUF file ({size} bytes): {_one_line(e)}") from None
+  known = {int(t) for t in gguf.GGMLQuantizationType}
   for t in reader.tensors:
-    if t.data_offset + t.n_bytes > size:
+    if t.type_id not in known:
+      raise GGUFError(f"{path}: tensor {t.name!r} has unknown tensor type id {t.type_id}")
+    end = t.data_offset + _n_bytes(t)
+    if end > size:
       raise GGUFError(f"{path}: truncated GGUF file ({size} bytes): tensor {t.name!r} ends at "
-                      f"byte {t.data_offset + t.n_bytes}")
+                      f"byte {end}")
   return reader
 
 
-def _reader(source):
+def _type_name(tensor: gguf_file.TensorInfo) -> str:
+  import gguf
+  return gguf.GGMLQuantizationType(tensor.type_id).name
+
+
+def _n_bytes(tensor: gguf_file.TensorInfo) -> int:
+  """Bytes of the tensor's data: whole blocks of its type."""
+  import gguf
+  block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(tensor.type_id)]
+  return int(np.prod(tensor.shape, dtype=np.int64)) * size // block
+
+
+def _reader(source) -> gguf_file.GGUFFile:
   return open_gguf(source) if isinstance(source, (str, os.PathLike)) else source
 
 
-def _source(reader) -> str:
-  return str(reader.data.filename) if hasattr(reader.data, "filename") else "GGUF file"
+def _source(reader: gguf_file.GGUFFile) -> str:
+  return reader.path
 
 
 _MISSING = object()
@@ -151,12 +167,11 @@ def metadata(reader, key: str, default: Any = _MISSING) -> Any:
   Raises:
     GGUFError: when the key is absent and no default is given.
   """
-  field = reader.fields.get(key)
-  if field is None:
+  if key not in reader.metadata:
     if default is _MISSING:
       raise GGUFError(f"{_source(reader)}: metadata key {key!r} is missing")
     return default
-  return field.contents()
+  return reader.metadata[key]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,8 +208,8 @@ def config_from_gguf(reader) -> transformer.TransformerConfig:
   if rotary != head_dim:
     raise GGUFError(f"{source}: unsupported partial RoPE ({arch}.rope.dimension_count={rotary} "
                     f"of head dimension {head_dim})")
-  tokens = reader.fields.get("tokenizer.ggml.tokens")
-  vocab = key("vocab_size", len(tokens.data) if tokens is not None else _MISSING)
+  tokens = reader.metadata.get("tokenizer.ggml.tokens")
+  vocab = key("vocab_size", len(tokens) if tokens is not None else _MISSING)
   try:
     return transformer.TransformerConfig(
         vocab_size=int(vocab), num_layers=int(key("block_count")), d_model=d_model,
@@ -280,9 +295,9 @@ def _check_tensors(reader, entries: dict[str, _Entry], abstract: nnx.State) -> d
   shapes = {hf.path_name(p): v.shape for p, v in
             jax.tree_util.tree_leaves_with_path(abstract, is_leaf=_is_param)}
   for name, t in tensors.items():
-    if t.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
+    if _type_name(t) not in SUPPORTED_TENSOR_TYPES:
       raise GGUFError(f"{source}: tensor {name!r} has unsupported quant type "
-                      f"{t.tensor_type.name}; supported: {list(SUPPORTED_TENSOR_TYPES)}")
+                      f"{_type_name(t)}; supported: {list(SUPPORTED_TENSOR_TYPES)}")
     entry = wanted[name]
     stored = tuple(int(n) for n in reversed(t.shape))  # GGUF lists ne0 (the fastest axis) first
     ours = entry.to_ours(np.empty(stored, np.uint8)).shape
@@ -292,11 +307,17 @@ def _check_tensors(reader, entries: dict[str, _Entry], abstract: nnx.State) -> d
   return tensors
 
 
-def _dequantized(tensor) -> np.ndarray:
+def _dequantized(reader: gguf_file.GGUFFile, tensor: gguf_file.TensorInfo) -> np.ndarray:
   """A tensor's values as float32 [out, in] (or [n])."""
-  from gguf import quants
-  values = quants.dequantize(tensor.data, tensor.tensor_type)
-  return np.asarray(values, np.float32).reshape(tuple(int(n) for n in reversed(tensor.shape)))
+  import gguf
+  qtype = gguf.GGMLQuantizationType(tensor.type_id)
+  shape = tuple(int(n) for n in reversed(tensor.shape))
+  raw = reader.raw(tensor, _n_bytes(tensor))
+  # Block formats dequantize rows of whole blocks; plain floats are a view of the bytes.
+  rows = raw if qtype.name in ("F32", "F16") else raw.reshape(
+      gguf.quants.quant_shape_to_byte_shape(shape, qtype))
+  values = gguf.quants.dequantize(rows, qtype)
+  return np.asarray(values, np.float32).reshape(shape)
 
 
 def load(source, *, shardings: Any = None, dtype=np.float32,
@@ -334,7 +355,7 @@ def load(source, *, shardings: Any = None, dtype=np.float32,
 
   def build(key_path, var, sharding=None):
     entry = entries[hf.path_name(key_path)]
-    values = entry.to_ours(_dequantized(tensors[entry.name]))
+    values = entry.to_ours(_dequantized(reader, tensors[entry.name]))
     if sharding is None:
       sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     return var.replace(value=jax.make_array_from_callback(

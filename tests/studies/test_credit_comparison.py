@@ -342,7 +342,9 @@ def test_benchmark_specs_and_reading_back_only_runs_of_the_same_spec(tmp_path):
   with pytest.raises(ValueError, match="unknown env setting"):
     cc.benchmark_seeds("dd_chain_t64")
   for setting in cc.GATE_SETTINGS:
-    assert [m.name for m in cc.METHODS if cc.applies(m, setting)] == ["grpo", "grpo_oracle_turn"]
+    extra = ["gigpo", "mt_grpo", "ppo_turn_gae_l95"] if setting in cc.LEARNED_SETTINGS else []
+    assert ([m.name for m in cc.METHODS if cc.applies(m, setting)]
+            == ["grpo", *extra, "grpo_oracle_turn"])
   with pytest.raises(ValueError, match="unknown env setting"):
     cc.benchmark_spec("dd_chain_t64")
   path = str(tmp_path / "bench.json")
