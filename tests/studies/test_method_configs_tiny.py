@@ -15,8 +15,16 @@ UNLAUNCHED = ("curiosity_frozenlake", "c3_frozenlake", "deltattg_frozenlake", "p
 SPECS = {s.env: s for s in ls.METHODS}
 
 
+# Dr.GRPO's and GAGPO's configs only choose an estimator, an aggregation and a ratio level, which
+# tests/learner/test_micro_batches.py runs through the learner in the default suite; their own
+# launches (and the learning suite's rows) are under -m slow.
+THROUGH_THE_LEARNER_ELSEWHERE = ("dr_grpo_frozenlake", "gagpo_frozenlake")
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("name", UNLAUNCHED)
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.slow) if n in THROUGH_THE_LEARNER_ELSEWHERE else n
+    for n in UNLAUNCHED])
 def test_method_config_runs_at_tiny_size(tmp_path, name):
   result = ls.run_one(ls.tiny(SPECS[name]), 0, tmp_path)
   assert result["iterations"] == 1 and 0.0 <= result["after"] <= 1.0
