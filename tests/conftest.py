@@ -33,8 +33,10 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 
 # The test files that each take a worker more than a minute (measured with --durations on 2
-# cores), heaviest first. pytest-xdist hands files out in collection order, so these go first:
-# started last, one of them would leave the other worker idle for its whole length.
+# cores), heaviest first, then every other file that launches runs (`integration`), then the
+# rest. pytest-xdist hands files out in this order (pytest.ini: --no-loadscope-reorder), so the
+# long ones start early: started last, one of them would leave the other worker idle for its
+# whole length.
 HEAVY_FIRST = (
     "tests/studies/test_method_configs_tiny.py", "tests/notebooks/test_notebooks.py",
     "tests/studies/test_transformer_snr.py", "tests/offline/test_offline_e2e.py",
@@ -46,6 +48,14 @@ HEAVY_FIRST = (
 
 def pytest_collection_modifyitems(config, items):
   del config
-  rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
-  # Stable: every other file keeps its place, and every test its place within its file.
-  items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+  launches = {item.nodeid.split("::")[0] for item in items
+              if item.get_closest_marker("integration") is not None}
+
+  def rank(item):
+    path = item.nodeid.split("::")[0]
+    if path in HEAVY_FIRST:
+      return HEAVY_FIRST.index(path)
+    return len(HEAVY_FIRST) + (0 if path in launches else 1)
+
+  # Stable: files keep their order within a rank, and tests their order within a file.
+  items.sort(key=rank)
