@@ -121,20 +121,20 @@ def open_gguf(path: str) -> gguf_file.GGUFFile:
     magic = f.read(len(_MAGIC))
   if magic != _MAGIC:
     raise GGUFError(f"{path}: not a GGUF file (starts with {magic!r}, not {_MAGIC!r})")
-  size = os.path.getsize(path)
   try:
     reader = gguf_file.read(path)
   except gguf_file.GGUFFormatError as e:
-    kind = "truncated" if "the file ends" in str(e) else "corrupt"
-    raise GGUFError(f"{path}: {kind} GGUF file ({size} bytes): {_one_line(e)}") from None
+    kind = "truncated" if isinstance(e, gguf_file.GGUFTruncatedError) else "corrupt"
+    raise GGUFError(f"{path}: {kind} GGUF file ({os.path.getsize(path)} bytes): "
+                    f"{_one_line(e)}") from None
   known = {int(t) for t in gguf.GGMLQuantizationType}
   for t in reader.tensors:
     if t.type_id not in known:
       raise GGUFError(f"{path}: tensor {t.name!r} has unknown tensor type id {t.type_id}")
     end = t.data_offset + _n_bytes(t)
-    if end > size:
-      raise GGUFError(f"{path}: truncated GGUF file ({size} bytes): tensor {t.name!r} ends at "
-                      f"byte {end}")
+    if end > reader.size:
+      raise GGUFError(f"{path}: truncated GGUF file ({reader.size} bytes): tensor {t.name!r} "
+                      f"ends at byte {end}")
   return reader
 
 

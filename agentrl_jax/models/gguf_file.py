@@ -5,8 +5,8 @@ tensor count, key/value count — then the key/value metadata, then one record p
 dimensions with the fastest axis first, type, offset), then the tensor data from the next multiple
 of `general.alignment` (32 by default).
 
-`gguf.GGUFReader` builds NumPy views for every part of every field, ~10 s for SmolLM2's 49,152
-tokens and 48,900 merges on 2 cores; decoding the metadata straight into Python values takes a
+`gguf.GGUFReader` builds NumPy views for every part of every field, 6–10 s for SmolLM2's 49,152
+tokens and 48,900 merges on 2 shared cores; decoding the metadata straight into Python values takes a
 fraction of a second. The tensor data stays on disk (a read-only memory map) until a tensor is
 asked for; dequantizing it is the `gguf` package's job (`models/gguf.py`).
 """
@@ -35,6 +35,10 @@ _STRING, _ARRAY = 8, 9
 
 class GGUFFormatError(ValueError):
   """The bytes are not a well-formed GGUF file (the message says where they stop making sense)."""
+
+
+class GGUFTruncatedError(GGUFFormatError):
+  """The header runs past the end of the file."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,7 +70,7 @@ class _Cursor:
 
   def take(self, n: int) -> memoryview:
     if self.pos + n > self.size:
-      raise GGUFFormatError(f"the file ends at byte {self.size}, but its header needs {n} more "
+      raise GGUFTruncatedError(f"the file ends at byte {self.size}, but its header needs {n} more "
                             f"bytes at byte {self.pos}")
     if self.pos + n > len(self.buffer):
       raise _NeedMore

@@ -65,7 +65,7 @@ def test_a_cut_header_and_a_wrong_magic_or_version_are_named(tmp_path):
   data = open(path, "rb").read()
   cut = tmp_path / "cut.gguf"
   cut.write_bytes(data[:200])
-  with pytest.raises(gguf_file.GGUFFormatError, match=r"the file ends at byte 200"):
+  with pytest.raises(gguf_file.GGUFTruncatedError, match=r"the file ends at byte 200"):
     gguf_file.read(str(cut))
   bad = tmp_path / "magic.gguf"
   bad.write_bytes(b"GGML" + data[4:])
