@@ -2,7 +2,8 @@
 
 A method is an advantage estimator from `advantages.estimators.ESTIMATORS`, optionally with a critic
 (PPO-GAE), a reward shaper (GRPO + the curiosity duplicate-observation penalty), a correction (GRPO
-gated to the decision turns that DD-Chain reports: the oracle turn-level reference), or the loss
+gated to the decision turns that DD-Chain reports: the oracle turn-level reference; C³'s confidence
+correction on repeated and rejected moves), or the loss
 settings its paper pairs it with (Dr.GRPO's length-independent aggregation, GAGPO's turn-level
 ratio). Each run
 is a plain `learner.train` call with Python configs (no gin); its per-iteration training success
@@ -30,6 +31,7 @@ import numpy as np
 from agentrl_jax import files
 from agentrl_jax import types
 from agentrl_jax.advantages import estimators
+from agentrl_jax.credit import c3 as c3_lib
 from agentrl_jax.credit import decision_gate
 from agentrl_jax.envs import base
 from agentrl_jax.learner import configs
@@ -55,6 +57,8 @@ class Method:
     curiosity: add the duplicate-observation penalty before the estimator.
     oracle_gate: keep the advantage on decision turns only (`credit.decision_gate`): turn-level
       credit with an oracle critic, the reference on chains that report their decision turns.
+    c3: apply C³ after the estimator (`credit.c3.c3`, its defaults): positive credit shrinks on
+      moves repeated from the same state and on rejected moves, more where the sampler was sure.
     loss_overrides: `step.LossConfig` fields that differ from the comparison's shared loss
       (`SHARED_LOSS`), e.g. `{"ratio_level": "turn"}`.
     estimator_kwargs: hyperparameters bound to the estimator, e.g. `{"lambda_": 0.95}`.
@@ -65,6 +69,7 @@ class Method:
   use_critic: bool = False
   curiosity: bool = False
   oracle_gate: bool = False
+  c3: bool = False
   loss_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   estimator_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -160,6 +165,7 @@ METHODS: tuple[Method, ...] = (
     Method(name="grpo_curiosity", estimator="grpo", curiosity=True),
     # GRPO's advantage on the decision turns only: what an exact turn-level critic would give.
     Method(name="grpo_oracle_turn", estimator="grpo", oracle_gate=True),
+    Method(name="grpo_c3", estimator="grpo", c3=True),
 )
 
 class Setting(NamedTuple):
@@ -206,15 +212,17 @@ ENVS = SETTINGS  # the comparison's original name for them
 
 
 def applies(method: Method, setting: str) -> bool:
-  """Whether `method` is run on `setting`: the curiosity penalty only where states repeat, the
-  oracle gate only where the env reports its decision turns (DD-Chain), and on
-  `GATE_SETTINGS` only `GATE_METHODS` (with `LEARNED_METHODS` on `LEARNED_SETTINGS`)."""
+  """Whether `method` is run on `setting`: the curiosity penalty and C³ only where states repeat
+  (C³'s detectors flag a move repeated from an unchanged state or a rejected one: on the chains
+  every state is new and every action valid, so it would equal GRPO), the oracle gate only where
+  the env reports its decision turns (DD-Chain), and on `GATE_SETTINGS` only `GATE_METHODS`
+  (with `LEARNED_METHODS` on `LEARNED_SETTINGS`)."""
   if method.oracle_gate and SETTINGS[setting].env != "dd_chain":
     return False
   if setting in GATE_SETTINGS:
     learned = setting in LEARNED_SETTINGS and method.name in LEARNED_METHODS
     return method.name in GATE_METHODS or learned
-  return not method.curiosity or SETTINGS[setting].loops
+  return not (method.curiosity or method.c3) or SETTINGS[setting].loops
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -374,6 +382,12 @@ def train_kwargs(method: Method, env: str, seed: int, spec: ComparisonSpec) -> d
                                     pass_k=0))
 
 
+def corrections_of(method: Method) -> list[Callable[..., Any]]:
+  """The post-advantage corrections `method` trains with, in the order they apply."""
+  return (([decision_gate.oracle_decision_gate] if method.oracle_gate else [])
+          + ([c3_lib.c3] if method.c3 else []))
+
+
 def run_method(workdir: str, *, method: Method, env: str, seed: int,
                spec: ComparisonSpec) -> RunResult:
   """Trains one method from scratch in `workdir` (which must hold no earlier run).
@@ -395,8 +409,8 @@ def run_method(workdir: str, *, method: Method, env: str, seed: int,
     raise ValueError(f"workdir {workdir!r} holds an unfinished run; remove it to run again")
   probe = ActionRateProbe()
   shapers = [probe] + ([curiosity.duplicate_observation_penalty] if method.curiosity else [])
-  corrections = [decision_gate.oracle_decision_gate] if method.oracle_gate else []
-  summary = learner.train(os.fspath(workdir), reward_shapers=shapers, corrections=corrections,
+  summary = learner.train(os.fspath(workdir), reward_shapers=shapers,
+                          corrections=corrections_of(method),
                           **train_kwargs(method, env, seed, spec))
   records = [r for r in metrics_lib.read_metrics(workdir) if "train/success" in r]
   records = sorted({int(r["step"]): r for r in records}.items())

@@ -13,6 +13,8 @@ import pytest
 from agentrl_jax import config_errors
 from agentrl_jax import types
 from agentrl_jax.advantages import estimators
+from agentrl_jax.credit import c3
+from agentrl_jax.credit import decision_gate
 from agentrl_jax.learner import configs
 from agentrl_jax.learner import step
 from agentrl_jax.rollout import loop
@@ -55,7 +57,7 @@ def test_probe_records_action_rates_under_jit_and_changes_nothing():
 def test_methods_cover_the_issue_and_validate():
   names = [m.name for m in cc.METHODS]
   assert names == ["grpo", "dr_grpo", "rloo", "gigpo", "gagpo", "mt_grpo", "ppo_gae", "ppo_turn_gae",
-                   "ppo_turn_gae_l95", "grpo_curiosity", "grpo_oracle_turn"]
+                   "ppo_turn_gae_l95", "grpo_curiosity", "grpo_oracle_turn", "grpo_c3"]
   with pytest.raises(ValueError, match="use_critic"):
     cc.Method(name="ppo", estimator="gae")
   with pytest.raises(ValueError, match="unknown advantage estimator"):
@@ -124,6 +126,13 @@ def _loss(name):
   return kwargs["loss"], kwargs["rollout"]
 
 
+def test_methods_carry_their_corrections():
+  by_name = {m.name: m for m in cc.METHODS}
+  assert cc.corrections_of(by_name["grpo_c3"]) == [c3.c3]
+  assert cc.corrections_of(by_name["grpo_oracle_turn"]) == [decision_gate.oracle_decision_gate]
+  assert all(cc.corrections_of(m) == [] for m in cc.METHODS if not (m.c3 or m.oracle_gate))
+
+
 def test_methods_carry_their_loss_settings():
   # Dr.GRPO: the per-trajectory token sum over a constant, the rollout's length budget.
   loss, rollout = _loss("dr_grpo")
@@ -185,11 +194,12 @@ def test_against_baseline_is_a_one_sided_mann_whitney_per_setting():
   assert got.difference == pytest.approx(0.7 - 0.18)
 
 
-def test_curiosity_runs_only_where_states_repeat():
-  curiosity = next(m for m in cc.METHODS if m.curiosity)
-  assert cc.applies(curiosity, "frozenlake") and cc.applies(curiosity, "frozenlake_6x6")
-  assert not any(cc.applies(curiosity, s) for s in cc.SETTINGS if s.startswith("dd_chain"))
-  assert all(cc.applies(m, "dd_chain") for m in cc.METHODS if not m.curiosity)
+def test_curiosity_and_c3_run_only_where_states_repeat():
+  for flag in ("curiosity", "c3"):
+    method = next(m for m in cc.METHODS if getattr(m, flag))
+    assert cc.applies(method, "frozenlake") and cc.applies(method, "frozenlake_6x6")
+    assert not any(cc.applies(method, s) for s in cc.SETTINGS if s.startswith("dd_chain"))
+  assert all(cc.applies(m, "dd_chain") for m in cc.METHODS if not (m.curiosity or m.c3))
   oracle = next(m for m in cc.METHODS if m.oracle_gate)
   assert not cc.applies(oracle, "frozenlake") and not cc.applies(oracle, "frozenlake_6x6")
 
