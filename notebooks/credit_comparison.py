@@ -31,7 +31,8 @@
 # * full size: `python notebooks/credit_comparison.py`
 # * the credit benchmark (DD-Chain T = 32 at m ∈ {1, 2, 4, 8}, 20 iterations, and 6x6 FrozenLake,
 #   50 iterations; every method that applies, plus GRPO gated to the oracle decision turns on the
-#   chains; 5 seeds; each method against GRPO by one-sided Mann–Whitney tests of final held-out
+#   chains, and on 6x6 FrozenLake, where states repeat and episode lengths vary, GRPO + curiosity,
+#   GRPO + C³ and GRPO + DeltaTTG (its meter fitted in each run's directory first); 5 seeds; each method against GRPO by one-sided Mann–Whitney tests of final held-out
 #   success, mean training success and iterations to 0.9 training success):
 #   `STUDY_SET=benchmark STUDY_RUNS_DIR=runs/credit_benchmark python notebooks/credit_comparison.py`;
 #   `STUDY_SETTINGS=dd_chain_t32_m2,...` picks settings. The results JSON is rewritten after every

@@ -3,7 +3,8 @@
 A method is an advantage estimator from `advantages.estimators.ESTIMATORS`, optionally with a critic
 (PPO-GAE), a reward shaper (GRPO + the curiosity duplicate-observation penalty), a correction (GRPO
 gated to the decision turns that DD-Chain reports: the oracle turn-level reference; C³'s confidence
-correction on repeated and rejected moves), or the loss
+correction on repeated and rejected moves; DeltaTTG's progress-weighted credit, its meter fitted per
+run before training), or the loss
 settings its paper pairs it with (Dr.GRPO's length-independent aggregation, GAGPO's turn-level
 ratio). Each run
 is a plain `learner.train` call with Python configs (no gin); its per-iteration training success
@@ -33,12 +34,14 @@ from agentrl_jax import types
 from agentrl_jax.advantages import estimators
 from agentrl_jax.credit import c3 as c3_lib
 from agentrl_jax.credit import decision_gate
+from agentrl_jax.credit import deltattg
 from agentrl_jax.envs import base
 from agentrl_jax.learner import configs
 from agentrl_jax.learner import learner
 from agentrl_jax.learner import metrics as metrics_lib
 from agentrl_jax.learner import step
 from agentrl_jax.models import transformer
+from agentrl_jax.offline import deltattg_meter
 from agentrl_jax.rewards import curiosity
 from agentrl_jax.rollout import loop
 from agentrl_jax.rollout import sampler
@@ -59,6 +62,9 @@ class Method:
       credit with an oracle critic, the reference on chains that report their decision turns.
     c3: apply C³ after the estimator (`credit.c3.c3`, its defaults): positive credit shrinks on
       moves repeated from the same state and on rejected moves, more where the sampler was sure.
+    deltattg: apply DeltaTTG after the estimator (`credit.deltattg.DeltaTTG`, its defaults): each
+      trajectory's credit is spread over its turns by the progress a frozen meter sees in them;
+      the meter is fitted on the setting's noisy-expert episodes in the run's directory first.
     loss_overrides: `step.LossConfig` fields that differ from the comparison's shared loss
       (`SHARED_LOSS`), e.g. `{"ratio_level": "turn"}`.
     estimator_kwargs: hyperparameters bound to the estimator, e.g. `{"lambda_": 0.95}`.
@@ -70,6 +76,7 @@ class Method:
   curiosity: bool = False
   oracle_gate: bool = False
   c3: bool = False
+  deltattg: bool = False
   loss_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   estimator_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -166,6 +173,7 @@ METHODS: tuple[Method, ...] = (
     # GRPO's advantage on the decision turns only: what an exact turn-level critic would give.
     Method(name="grpo_oracle_turn", estimator="grpo", oracle_gate=True),
     Method(name="grpo_c3", estimator="grpo", c3=True),
+    Method(name="grpo_deltattg", estimator="grpo", deltattg=True),
 )
 
 class Setting(NamedTuple):
@@ -178,6 +186,8 @@ class Setting(NamedTuple):
   obs_buckets: tuple[int, ...] = (48, 64)
   length_buckets: tuple[int, ...] = (128, 192, 288)
   loops: bool = True  # repeated states can occur (where the curiosity penalty applies)
+  # Episode lengths depend on the policy, so a tokens-to-go meter has progress to read (DeltaTTG).
+  variable_length: bool = True
 
 
 def _dd_chain(horizon: int, num_decisions: int) -> Setting:
@@ -186,7 +196,7 @@ def _dd_chain(horizon: int, num_decisions: int) -> Setting:
   return Setting(env="dd_chain", env_kwargs={"horizon": horizon, "num_decisions": num_decisions,
                                              "noise_std": 0.0},
                  max_turns=horizon, max_len=length, obs_buckets=(32,),
-                 length_buckets=(length // 2, length), loops=False)
+                 length_buckets=(length // 2, length), loops=False, variable_length=False)
 
 
 # Small multi-turn tasks, by name.
@@ -214,14 +224,17 @@ ENVS = SETTINGS  # the comparison's original name for them
 def applies(method: Method, setting: str) -> bool:
   """Whether `method` is run on `setting`: the curiosity penalty and C³ only where states repeat
   (C³'s detectors flag a move repeated from an unchanged state or a rejected one: on the chains
-  every state is new and every action valid, so it would equal GRPO), the oracle gate only where
-  the env reports its decision turns (DD-Chain), and on `GATE_SETTINGS` only `GATE_METHODS`
-  (with `LEARNED_METHODS` on `LEARNED_SETTINGS`)."""
+  every state is new and every action valid, so it would equal GRPO), DeltaTTG only where episode
+  lengths vary (every chain episode runs its T turns, so its meter reads the turn index alone),
+  the oracle gate only where the env reports its decision turns (DD-Chain), and on
+  `GATE_SETTINGS` only `GATE_METHODS` (with `LEARNED_METHODS` on `LEARNED_SETTINGS`)."""
   if method.oracle_gate and SETTINGS[setting].env != "dd_chain":
     return False
   if setting in GATE_SETTINGS:
     learned = setting in LEARNED_SETTINGS and method.name in LEARNED_METHODS
     return method.name in GATE_METHODS or learned
+  if method.deltattg and not SETTINGS[setting].variable_length:
+    return False
   return not (method.curiosity or method.c3) or SETTINGS[setting].loops
 
 
@@ -382,10 +395,30 @@ def train_kwargs(method: Method, env: str, seed: int, spec: ComparisonSpec) -> d
                                     pass_k=0))
 
 
-def corrections_of(method: Method) -> list[Callable[..., Any]]:
-  """The post-advantage corrections `method` trains with, in the order they apply."""
+METER_FILE = "meter.npz"  # DeltaTTG's fitted meter, in the run's directory
+
+
+def corrections_of(method: Method, workdir: str | os.PathLike[str] = "") -> list[Callable[..., Any]]:
+  """The post-advantage corrections `method` trains with, in the order they apply (DeltaTTG reads
+  its meter from `workdir`, see `prepare_meter`)."""
   return (([decision_gate.oracle_decision_gate] if method.oracle_gate else [])
-          + ([c3_lib.c3] if method.c3 else []))
+          + ([c3_lib.c3] if method.c3 else [])
+          + ([deltattg.DeltaTTG(os.path.join(workdir, METER_FILE))] if method.deltattg else []))
+
+
+def prepare_meter(workdir: str | os.PathLike[str], env: str, seed: int, **fit_sizes) -> str:
+  """Fits DeltaTTG's meter for `env` into `workdir` (kept if already there); returns its path.
+
+  Seeded by the run's seed; its episodes are sized like the setting's rollouts (the meter reads
+  the turn index as a share of `max_turns`). `fit_sizes`: `episodes_per_policy`, `steps`.
+  """
+  setting = SETTINGS[env]
+  path = os.path.join(workdir, METER_FILE)
+  if not os.path.exists(path):
+    deltattg_meter.train_meter(path, setting.env, setting.env_kwargs, max_turns=setting.max_turns,
+                               max_len=setting.max_len, seed=seed, log=lambda line: None,
+                               **fit_sizes)
+  return path
 
 
 def run_method(workdir: str, *, method: Method, env: str, seed: int,
@@ -409,8 +442,10 @@ def run_method(workdir: str, *, method: Method, env: str, seed: int,
     raise ValueError(f"workdir {workdir!r} holds an unfinished run; remove it to run again")
   probe = ActionRateProbe()
   shapers = [probe] + ([curiosity.duplicate_observation_penalty] if method.curiosity else [])
+  if method.deltattg:
+    prepare_meter(workdir, env, seed)
   summary = learner.train(os.fspath(workdir), reward_shapers=shapers,
-                          corrections=corrections_of(method),
+                          corrections=corrections_of(method, workdir),
                           **train_kwargs(method, env, seed, spec))
   records = [r for r in metrics_lib.read_metrics(workdir) if "train/success" in r]
   records = sorted({int(r["step"]): r for r in records}.items())

@@ -15,6 +15,7 @@ from agentrl_jax import types
 from agentrl_jax.advantages import estimators
 from agentrl_jax.credit import c3
 from agentrl_jax.credit import decision_gate
+from agentrl_jax.credit import deltattg
 from agentrl_jax.learner import configs
 from agentrl_jax.learner import step
 from agentrl_jax.rollout import loop
@@ -57,7 +58,8 @@ def test_probe_records_action_rates_under_jit_and_changes_nothing():
 def test_methods_cover_the_issue_and_validate():
   names = [m.name for m in cc.METHODS]
   assert names == ["grpo", "dr_grpo", "rloo", "gigpo", "gagpo", "mt_grpo", "ppo_gae", "ppo_turn_gae",
-                   "ppo_turn_gae_l95", "grpo_curiosity", "grpo_oracle_turn", "grpo_c3"]
+                   "ppo_turn_gae_l95", "grpo_curiosity", "grpo_oracle_turn", "grpo_c3",
+                   "grpo_deltattg"]
   with pytest.raises(ValueError, match="use_critic"):
     cc.Method(name="ppo", estimator="gae")
   with pytest.raises(ValueError, match="unknown advantage estimator"):
@@ -130,7 +132,21 @@ def test_methods_carry_their_corrections():
   by_name = {m.name: m for m in cc.METHODS}
   assert cc.corrections_of(by_name["grpo_c3"]) == [c3.c3]
   assert cc.corrections_of(by_name["grpo_oracle_turn"]) == [decision_gate.oracle_decision_gate]
-  assert all(cc.corrections_of(m) == [] for m in cc.METHODS if not (m.c3 or m.oracle_gate))
+  assert all(cc.corrections_of(m) == [] for m in cc.METHODS
+             if not (m.c3 or m.oracle_gate or m.deltattg))
+
+
+def test_deltattg_fits_its_meter_in_the_run_directory(tmp_path):
+  method = next(m for m in cc.METHODS if m.deltattg)
+  assert cc.applies(method, "frozenlake_6x6")
+  assert not any(cc.applies(method, s) for s in cc.SETTINGS if s.startswith("dd_chain"))
+  path = cc.prepare_meter(tmp_path, "frozenlake", 0, episodes_per_policy=4, steps=2)
+  assert path == str(tmp_path / cc.METER_FILE)
+  before = (tmp_path / cc.METER_FILE).stat().st_mtime_ns
+  cc.prepare_meter(tmp_path, "frozenlake", 0)  # a resumed run keeps the meter it trained with
+  assert (tmp_path / cc.METER_FILE).stat().st_mtime_ns == before
+  [correction] = cc.corrections_of(method, tmp_path)
+  assert isinstance(correction, deltattg.DeltaTTG)
 
 
 def test_methods_carry_their_loss_settings():
@@ -199,7 +215,8 @@ def test_curiosity_and_c3_run_only_where_states_repeat():
     method = next(m for m in cc.METHODS if getattr(m, flag))
     assert cc.applies(method, "frozenlake") and cc.applies(method, "frozenlake_6x6")
     assert not any(cc.applies(method, s) for s in cc.SETTINGS if s.startswith("dd_chain"))
-  assert all(cc.applies(m, "dd_chain") for m in cc.METHODS if not (m.curiosity or m.c3))
+  assert all(cc.applies(m, "dd_chain") for m in cc.METHODS
+             if not (m.curiosity or m.c3 or m.deltattg))
   oracle = next(m for m in cc.METHODS if m.oracle_gate)
   assert not cc.applies(oracle, "frozenlake") and not cc.applies(oracle, "frozenlake_6x6")
 
