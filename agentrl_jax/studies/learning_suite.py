@@ -19,7 +19,8 @@ import pathlib
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -229,7 +230,51 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "rl_above_untrained": bool(len(runs) > 1 and after["low"] > before["high"]),
         "rl_above_start": bool(len(runs) > 1 and after["low"] > start["high"]),
         "wall_s": [r["wall_s"] for r in runs]}
+  for env in summary:
+    baseline = grpo_row_of(env, summary)
+    summary[env]["against_grpo"] = baseline and paired_difference(results, env, baseline)
   return summary
+
+
+# The plain-GRPO row a method row of another env is paired with (at the same final iteration).
+_ENV_OF_METHOD = MappingProxyType({"gca_search_qa": "search_qa", "t1_terminal": "terminal",
+                                   "progress_sql": "sql", "socialrl_dialogue": "negotiation"})
+GRPO_GIN = "quickstart.gin"  # the FrozenLake GRPO rows' config
+
+
+def grpo_row_of(env: str, summary: Mapping[str, Any]) -> str | None:
+  """The plain-GRPO row `env`'s method row compares with: the same env, warm start and budget.
+
+  FrozenLake method rows pair with the quickstart row whose curve ends at the same iteration
+  (`frozenlake` at 100, `grpo_frozenlake_<n>` at n); the other envs' with their env row when its
+  budget is the same. None where that row has not been run (or `env` is not a method row).
+  """
+  if env not in METHOD_CONFIGS or summary.get(env, {}).get("curve") is None:
+    return None
+  last = summary[env]["curve"]["iteration"][-1]
+  if env.endswith("_frozenlake"):
+    candidates = [name for name, s in summary.items() if s["gin_file"] == GRPO_GIN]
+  else:
+    candidates = [_ENV_OF_METHOD[env]] if _ENV_OF_METHOD.get(env) in summary else []
+  for name in candidates:
+    curve = summary[name]["curve"]
+    if curve is not None and curve["iteration"][-1] == last:
+      return name
+  return None
+
+
+def paired_difference(results: Sequence[dict[str, Any]], env: str,
+                      baseline: str) -> dict[str, Any] | None:
+  """`env`'s after-RL success minus `baseline`'s, paired by seed (same seed: same warm start and
+  held-out tasks): mean and 95% Student-t interval over the seeds both have, not clipped."""
+  after = {(r["env"], r["seed"]): r["after"] for r in results}
+  seeds = sorted(seed for e, seed in after if e == env and (baseline, seed) in after)
+  if len(seeds) < 2:
+    return None
+  diffs = np.asarray([after[env, s] - after[baseline, s] for s in seeds], np.float64)
+  mean, low, high = fits.mean_confidence_band(diffs[:, None])
+  return {"baseline": baseline, "mean": float(mean[0]), "low": float(low[0]),
+          "high": float(high[0]), "n": len(seeds)}
 
 
 def restore_runs(records: Sequence[dict[str, Any]], runs_dir: str | os.PathLike[str]) -> int:
@@ -265,8 +310,13 @@ def table(summary: dict[str, Any]) -> str:
   """The markdown table the README quotes: held-out greedy success, mean [95% interval]."""
   def cell(x):
     return "—" if x is None else f"{x['mean']:.3f} [{x['low']:.3f}, {x['high']:.3f}]"
-  lines = ["| env | seeds | untrained | after warm start | after RL |", "|---|---|---|---|---|"]
+  def paired(x):
+    return "—" if x is None else (f"{x['mean']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}] "
+                                  f"vs {x['baseline']}")
+  lines = ["| env | seeds | untrained | after warm start | after RL | after RL − GRPO, paired |",
+           "|---|---|---|---|---|---|"]
   for env, s in summary.items():
     lines.append(f"| {env} | {len(s['seeds'])} | {cell(s['untrained'])} | "
-                 f"{cell(s['warm_start'])} | {cell(s['after_rl'])} |")
+                 f"{cell(s['warm_start'])} | {cell(s['after_rl'])} | "
+                 f"{paired(s.get('against_grpo'))} |")
   return "\n".join(lines)

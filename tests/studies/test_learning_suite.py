@@ -66,6 +66,31 @@ def test_summary_intervals_match_the_t_formula_and_the_goals():
   assert "| a | 3 |" in ls.table(summary) and "| b | 3 | 0.300" in ls.table(summary)
 
 
+def test_method_rows_pair_with_the_grpo_row_of_their_budget():
+  results = [fake_result("frozenlake", s, 0.0, 0.6, 0.80 + 0.01 * s) for s in range(3)]
+  results += [fake_result("c3_frozenlake", s, 0.0, 0.6, 0.85 + 0.03 * s) for s in range(3)]
+  # Another budget: no GRPO row ends where it ends, so no pairing.
+  results += [dict(fake_result("drift_frozenlake", s, 0.0, 0.6, 0.5), curve=[[0, 0.6], [30, 0.5]])
+              for s in range(3)]
+  results += [fake_result("terminal", s, 0.0, 0.8, 0.7) for s in range(2)]
+  results += [fake_result("t1_terminal", s, 0.0, 0.8, 0.75 + 0.05 * s) for s in range(3)]
+  for r in results:
+    r["gin_file"] = "quickstart.gin" if r["env"] == "frozenlake" else r["gin_file"]
+  summary = ls.summarize(results)
+  got = summary["c3_frozenlake"]["against_grpo"]
+  diffs = np.array([0.05, 0.07, 0.09])
+  half = 4.302653 * np.std(diffs, ddof=1) / np.sqrt(3)
+  assert (got["baseline"], got["n"]) == ("frozenlake", 3)
+  assert (got["mean"], got["low"], got["high"]) == pytest.approx(
+      (0.07, 0.07 - half, 0.07 + half), abs=1e-5)
+  assert summary["drift_frozenlake"]["against_grpo"] is None
+  assert summary["frozenlake"]["against_grpo"] is None  # the baseline itself
+  # Paired over the seeds both rows have (terminal has two).
+  assert summary["t1_terminal"]["against_grpo"]["n"] == 2
+  assert summary["t1_terminal"]["against_grpo"]["mean"] == pytest.approx(0.075)
+  assert "+0.070 [" in ls.table(summary) and "vs frozenlake |" in ls.table(summary)
+
+
 def test_intervals_are_clipped_to_success_rates():
   got = ls.interval([0.0, 1.0])
   assert got["low"] == 0.0 and got["high"] == 1.0 and got["mean"] == 0.5
