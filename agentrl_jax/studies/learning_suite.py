@@ -194,10 +194,12 @@ def _launch(spec: EnvRun, seed: int, workdir: pathlib.Path, argv: Sequence[str])
 
 def interval(values: Sequence[float | None]) -> dict[str, Any] | None:
   """Mean and 95% Student-t interval over seeds, clipped to [0, 1] (a success rate); None where
-  the figure does not exist."""
+  the figure does not exist. One seed has no interval: its bounds are None (JSON has no NaN)."""
   if any(v is None for v in values) or not values:
     return None
   mean, low, high = fits.mean_confidence_band(np.asarray(values, np.float64)[:, None])
+  if len(values) == 1:
+    return {"mean": float(mean[0]), "low": None, "high": None, "n": 1}
   return {"mean": float(mean[0]), "low": float(np.clip(low[0], 0, 1)),
           "high": float(np.clip(high[0], 0, 1)), "n": len(values)}
 
@@ -216,8 +218,9 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if same_grid:
       mean, low, high = fits.mean_confidence_band(
           np.asarray([[s for _, s in r["curve"]] for r in runs], np.float64))
-      band = {"iteration": iterations, "mean": mean.tolist(), "low": low.tolist(),
-              "high": high.tolist()}
+      one = len(runs) == 1  # no interval from one seed (and JSON has no NaN)
+      band = {"iteration": iterations, "mean": mean.tolist(),
+              "low": None if one else low.tolist(), "high": None if one else high.tolist()}
     before = interval([r["before"] for r in runs])
     warm = interval([r["warm_start"] for r in runs])
     after = interval([r["after"] for r in runs])
@@ -309,7 +312,11 @@ def run_suite(specs: Sequence[EnvRun], seeds: Sequence[int], runs_dir: str | os.
 def table(summary: dict[str, Any]) -> str:
   """The markdown table the README quotes: held-out greedy success, mean [95% interval]."""
   def cell(x):
-    return "—" if x is None else f"{x['mean']:.3f} [{x['low']:.3f}, {x['high']:.3f}]"
+    if x is None:
+      return "—"
+    if x["low"] is None:
+      return f"{x['mean']:.3f} (one seed)"
+    return f"{x['mean']:.3f} [{x['low']:.3f}, {x['high']:.3f}]"
   def paired(x):
     return "—" if x is None else (f"{x['mean']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}] "
                                   f"vs {x['baseline']}")

@@ -91,6 +91,14 @@ def test_method_rows_pair_with_the_grpo_row_of_their_budget():
   assert "+0.070 [" in ls.table(summary) and "vs frozenlake |" in ls.table(summary)
 
 
+def test_one_seed_has_no_interval_and_writes_valid_json():
+  got = ls.interval([0.4])
+  assert (got["mean"], got["low"], got["high"], got["n"]) == (0.4, None, None, 1)
+  summary = ls.summarize([fake_result("a", 0, 0.1, None, 0.4)])
+  json.dumps(summary, allow_nan=False)  # raises on NaN
+  assert "| a | 1 | 0.100 (one seed) | — | 0.400 (one seed) |" in ls.table(summary)
+
+
 def test_intervals_are_clipped_to_success_rates():
   got = ls.interval([0.0, 1.0])
   assert got["low"] == 0.0 and got["high"] == 1.0 and got["mean"] == 0.5
