@@ -401,6 +401,9 @@ METER_FILE = "meter.npz"  # DeltaTTG's fitted meter, in the run's directory
 def corrections_of(method: Method, workdir: str | os.PathLike[str] = "") -> list[Callable[..., Any]]:
   """The post-advantage corrections `method` trains with, in the order they apply (DeltaTTG reads
   its meter from `workdir`, see `prepare_meter`)."""
+  if method.deltattg and not workdir:
+    raise ValueError(f"method {method.name!r} reads its DeltaTTG meter from the run's workdir; "
+                     "pass it (after prepare_meter)")
   return (([decision_gate.oracle_decision_gate] if method.oracle_gate else [])
           + ([c3_lib.c3] if method.c3 else [])
           + ([deltattg.DeltaTTG(os.path.join(workdir, METER_FILE))] if method.deltattg else []))

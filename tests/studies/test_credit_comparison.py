@@ -145,6 +145,8 @@ def test_deltattg_fits_its_meter_in_the_run_directory(tmp_path):
   before = (tmp_path / cc.METER_FILE).stat().st_mtime_ns
   cc.prepare_meter(tmp_path, "frozenlake", 0)  # a resumed run keeps the meter it trained with
   assert (tmp_path / cc.METER_FILE).stat().st_mtime_ns == before
+  with pytest.raises(ValueError, match="workdir"):
+    cc.corrections_of(method)
   [correction] = cc.corrections_of(method, tmp_path)
   assert isinstance(correction, deltattg.DeltaTTG)
 
