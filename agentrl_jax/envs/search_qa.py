@@ -77,7 +77,8 @@ def _unique_names(rng: np.random.Generator, count: int, make, taken: set[str]) -
   return names
 
 
-@functools.lru_cache(maxsize=4)
+# Sized for training over many corpora (`num_corpora`): a corpus and its index take ~0.5 s.
+@functools.lru_cache(maxsize=64)
 def build_corpus(corpus_seed: int = 0, num_people: int = 150, num_companies: int = 40,
                  num_cities: int = 30, num_countries: int = 10) -> dict[str, Any]:
   """The synthetic world and its documents, a deterministic function of the arguments.
@@ -179,7 +180,7 @@ class _Index:
     return [int(d) for d, s in zip(docs[0], scores[0]) if s > 0]
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=64)
 def _index(corpus_seed: int) -> _Index:
   return _Index(build_corpus(corpus_seed)["texts"])
 
@@ -195,7 +196,7 @@ class SearchQA(base.TextEnv):
   action_words = None
 
   def __init__(self, max_turns: int = 6, top_k: int = 3, corpus_seed: int = 0,
-               data_dir: str | None = None, taskset: str = "agentrl_search_qa_tasks",
+               num_corpora: int = 1, data_dir: str | None = None, taskset: str = "agentrl_search_qa_tasks",
                split: str = "train"):
     """Builds the env.
 
@@ -203,6 +204,10 @@ class SearchQA(base.TextEnv):
       max_turns: step cap (searches plus the answer).
       top_k: documents shown per search.
       corpus_seed: which synthetic corpus (tasks from a task set carry their own).
+      num_corpora: episode `seed` asks about corpus `corpus_seed + seed % num_corpora`. One
+        corpus has about 490 distinct questions, which a policy can learn by heart; training
+        over several and evaluating on others (a `corpus_seed` past the training ones) measures
+        searching and reading instead.
       data_dir: read tasks from a built TFDS task set here instead of generating them.
       taskset: the task set's TFDS name, with a config after a slash.
       split: the TFDS split when `data_dir` is set.
@@ -212,8 +217,11 @@ class SearchQA(base.TextEnv):
       raise ValueError(f"top_k must be an int in [1, 10], got {top_k!r}")
     if not base.is_int(corpus_seed) or corpus_seed < 0:
       raise ValueError(f"corpus_seed must be a non-negative int, got {corpus_seed!r}")
+    if not base.is_int(num_corpora) or num_corpora < 1:
+      raise ValueError(f"num_corpora must be a positive int, got {num_corpora!r}")
     self.top_k = top_k
     self.corpus_seed = corpus_seed
+    self.num_corpora = num_corpora
     self._source = None
     if data_dir is not None:
       # Imported here: TFDS is an optional dependency the generator path never needs.
@@ -234,7 +242,10 @@ class SearchQA(base.TextEnv):
             f"ends the episode. You have at most {self.max_turns} turns.")
 
   def _reset(self, seed: int) -> str:
-    self.task = self._source.task(seed) if self._source else make_task(seed, self.corpus_seed)
+    if self._source:
+      self.task = self._source.task(seed)
+    else:
+      self.task = make_task(seed, self.corpus_seed + seed % self.num_corpora)
     self._evidence = False
     self._searched = []
     return (f"question: {self.task['question']}\n"

@@ -138,3 +138,21 @@ def test_expert_recovers_after_off_track_searches():
     if result.done:
       break
   assert result.info["success"] and result.info["sub_outcomes"]["evidence_found"] == 1.0
+
+
+def test_num_corpora_spreads_seeds_over_corpora_and_the_expert_solves_each():
+  env = search_qa.SearchQA(num_corpora=3, corpus_seed=5)
+  for seed in range(6):
+    results = _run(env, seed, lambda e: e.expert_action())
+    assert env.task["corpus_seed"] == 5 + seed % 3
+    assert env.task == search_qa.make_task(seed, 5 + seed % 3)
+    assert results[-1].info["success"]
+  # Different corpora name different people: a question from one is not askable in another.
+  people = [set(search_qa.build_corpus(c)["people"]) for c in (5, 6)]
+  assert not people[0] & people[1]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5])
+def test_num_corpora_must_be_a_positive_int(bad):
+  with pytest.raises(ValueError, match="num_corpora must be a positive int"):
+    search_qa.SearchQA(num_corpora=bad)
