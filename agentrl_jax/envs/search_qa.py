@@ -77,7 +77,8 @@ def _unique_names(rng: np.random.Generator, count: int, make, taken: set[str]) -
   return names
 
 
-# Sized for training over many corpora (`num_corpora`): a corpus and its index take ~0.5 s.
+# Sized for training over many corpora (`num_corpora`): a corpus and its index take under a
+# second to build, once per process.
 @functools.lru_cache(maxsize=64)
 def build_corpus(corpus_seed: int = 0, num_people: int = 150, num_companies: int = 40,
                  num_cities: int = 30, num_countries: int = 10) -> dict[str, Any]:
@@ -196,8 +197,8 @@ class SearchQA(base.TextEnv):
   action_words = None
 
   def __init__(self, max_turns: int = 6, top_k: int = 3, corpus_seed: int = 0,
-               num_corpora: int = 1, data_dir: str | None = None, taskset: str = "agentrl_search_qa_tasks",
-               split: str = "train"):
+               num_corpora: int = 1, data_dir: str | None = None,
+               taskset: str = "agentrl_search_qa_tasks", split: str = "train"):
     """Builds the env.
 
     Args:
@@ -219,6 +220,9 @@ class SearchQA(base.TextEnv):
       raise ValueError(f"corpus_seed must be a non-negative int, got {corpus_seed!r}")
     if not base.is_int(num_corpora) or num_corpora < 1:
       raise ValueError(f"num_corpora must be a positive int, got {num_corpora!r}")
+    if num_corpora > 1 and data_dir is not None:
+      raise ValueError("num_corpora applies to generated tasks; a task set's records carry their "
+                       f"own corpus (got num_corpora={num_corpora} with data_dir={data_dir!r})")
     self.top_k = top_k
     self.corpus_seed = corpus_seed
     self.num_corpora = num_corpora

@@ -156,3 +156,8 @@ def test_num_corpora_spreads_seeds_over_corpora_and_the_expert_solves_each():
 def test_num_corpora_must_be_a_positive_int(bad):
   with pytest.raises(ValueError, match="num_corpora must be a positive int"):
     search_qa.SearchQA(num_corpora=bad)
+
+
+def test_num_corpora_with_a_task_set_is_refused_before_reading_it():
+  with pytest.raises(ValueError, match="num_corpora applies to generated tasks"):
+    search_qa.SearchQA(num_corpora=2, data_dir="/nonexistent")
