@@ -483,8 +483,12 @@ def merge_results_file(path: str, results: Sequence[RunResult], specs: Mapping[s
                        *, fresh: bool = False, **fields: Any) -> dict[str, Any]:
   """Adds `results` to the study's results JSON at `path` and returns what it now holds.
 
-  Runs already in the file are kept unless `results` has the same (env, method, seed); `specs`
-  (per env) and `fields` replace the file's entries of the same name. The read-merge-write runs
+  Runs already in the file are kept unless `results` has the same (env, method, seed). The
+  writer speaks for the settings in `specs` only: per-setting fields merge, so a study run in
+  parts (one setting at a time) keeps the other settings' analysis. A mapping field (`specs`,
+  `seeds`, `plan`: keyed by setting) is merged key by key; a list of records with an "env"
+  (`against_grpo`, `step_gap`) replaces only the records of the settings in `specs`; any other
+  field replaces the file's. The read-merge-write runs
   under an exclusive lock on `path + ".lock"` and the file is replaced atomically, so several
   processes can work through one study's runs (each its own methods or settings) without
   dropping each other's. `fresh=True` replaces the file's content instead (a study whose runs
@@ -499,14 +503,27 @@ def merge_results_file(path: str, results: Sequence[RunResult], specs: Mapping[s
         payload = json.load(f)
     runs = {(r["env"], r["method"], r["seed"]): r for r in payload.get("runs", [])}
     runs.update({(r.env, r.method, r.seed): result_record(r) for r in results})
-    payload.update(fields)
-    payload["specs"] = {**payload.get("specs", {}), **specs}
+    for name, value in {**fields, "specs": specs}.items():
+      payload[name] = _merged_field(payload.get(name), value, set(specs))
     payload["runs"] = list(runs.values())
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
       json.dump(payload, f, indent=2)
     os.replace(tmp, path)
   return payload
+
+
+def _merged_field(old: Any, new: Any, settings: set[str]) -> Any:
+  """`new` merged into `old` for the writer of `settings` (see `merge_results_file`)."""
+  if isinstance(old, Mapping) and isinstance(new, Mapping):
+    return {**old, **new}
+  if _setting_records(old) and _setting_records(new):
+    return [r for r in old if r["env"] not in settings] + list(new)
+  return new
+
+
+def _setting_records(value: Any) -> bool:
+  return isinstance(value, list) and all(isinstance(r, Mapping) and "env" in r for r in value)
 
 
 def read_results_file(path: str, specs: Mapping[str, ComparisonSpec]

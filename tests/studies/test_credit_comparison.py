@@ -397,6 +397,29 @@ def test_benchmark_specs_and_reading_back_only_runs_of_the_same_spec(tmp_path):
   assert cc.read_results_file(path, {"dd_chain": chain}) == {}
 
 
+def test_a_study_run_one_setting_at_a_time_keeps_the_other_settings_analysis(tmp_path):
+  path = str(tmp_path / "results.json")
+  chain = [_final("grpo", "dd_chain", 0, 0.5)]
+  cc.merge_results_file(path, chain, {"dd_chain": {"num_iterations": 2}}, seeds={"dd_chain": [0]},
+                        plan={"dd_chain": ["grpo"]}, runtime_s=5.0,
+                        against_grpo=[{"env": "dd_chain", "method": "rloo", "p_value": 0.2}])
+  lake = [_final("grpo", "frozenlake", 1, 0.25)]
+  got = cc.merge_results_file(path, lake, {"frozenlake": {"num_iterations": 3}},
+                              seeds={"frozenlake": [1]}, plan={"frozenlake": ["grpo"]},
+                              runtime_s=7.0,
+                              against_grpo=[{"env": "frozenlake", "method": "rloo", "p_value": 0.4}])
+  assert got["seeds"] == {"dd_chain": [0], "frozenlake": [1]}
+  assert got["plan"] == {"dd_chain": ["grpo"], "frozenlake": ["grpo"]}
+  assert [(c["env"], c["p_value"]) for c in got["against_grpo"]] == [("dd_chain", 0.2),
+                                                                       ("frozenlake", 0.4)]
+  assert got["runtime_s"] == 7.0
+  # Re-analysing a setting replaces its records, not the other setting's.
+  got = cc.merge_results_file(path, [], {"frozenlake": {"num_iterations": 3}},
+                              against_grpo=[{"env": "frozenlake", "method": "rloo", "p_value": 0.1}])
+  assert [(c["env"], c["p_value"]) for c in got["against_grpo"]] == [("dd_chain", 0.2),
+                                                                       ("frozenlake", 0.1)]
+
+
 def test_step_gaps_per_chain():
   # rho = 2/32: GRPO crosses 0.9 at iterations 4, 5, 5; the gated runs at 2, 2, 3 -> medians 5 and
   # 2, gap 2.5. A chain without gated runs is left out.
