@@ -235,6 +235,7 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         # intervals that do not overlap.
         "rl_above_untrained": bool(len(runs) > 1 and after["low"] > before["high"]),
         "rl_above_start": bool(len(runs) > 1 and after["low"] > start["high"]),
+        "rl_gain": rl_gain(runs),
         "wall_s": [r["wall_s"] for r in runs]}
   for env in summary:
     baseline = grpo_row_of(env, summary)
@@ -269,6 +270,24 @@ def grpo_row_of(env: str, summary: Mapping[str, Any]) -> str | None:
   return None
 
 
+def _paired_band(diffs: Sequence[float]) -> dict[str, Any]:
+  """Mean and 95% Student-t interval of per-seed differences, not clipped."""
+  mean, low, high = fits.mean_confidence_band(np.asarray(diffs, np.float64)[:, None])
+  return {"mean": float(mean[0]), "low": float(low[0]), "high": float(high[0]), "n": len(diffs)}
+
+
+def rl_gain(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+  """After-RL success minus the run's own starting point (the warm start, else untrained), paired
+  by seed: each seed's RL starts from that seed's clone, so the seed-to-seed spread of the clones
+  (often wider than what RL adds) cancels. None under two seeds."""
+  if len(runs) < 2 or any(r["after"] is None for r in runs):
+    return None
+  start = [r["before"] if r["warm_start"] is None else r["warm_start"] for r in runs]
+  if any(v is None for v in start):
+    return None
+  return _paired_band([r["after"] - s for r, s in zip(runs, start)])
+
+
 def paired_difference(results: Sequence[dict[str, Any]], env: str,
                       baseline: str) -> dict[str, Any] | None:
   """`env`'s after-RL success minus `baseline`'s, paired by seed (same seed: same warm start and
@@ -277,10 +296,8 @@ def paired_difference(results: Sequence[dict[str, Any]], env: str,
   seeds = sorted(seed for e, seed in after if e == env and (baseline, seed) in after)
   if len(seeds) < 2:
     return None
-  diffs = np.asarray([after[env, s] - after[baseline, s] for s in seeds], np.float64)
-  mean, low, high = fits.mean_confidence_band(diffs[:, None])
-  return {"baseline": baseline, "mean": float(mean[0]), "low": float(low[0]),
-          "high": float(high[0]), "n": len(seeds)}
+  return {"baseline": baseline,
+          **_paired_band([after[env, s] - after[baseline, s] for s in seeds])}
 
 
 def restore_runs(records: Sequence[dict[str, Any]], runs_dir: str | os.PathLike[str]) -> int:
@@ -320,13 +337,14 @@ def table(summary: dict[str, Any]) -> str:
     if x["low"] is None:
       return f"{x['mean']:.3f} (one seed)"
     return f"{x['mean']:.3f} [{x['low']:.3f}, {x['high']:.3f}]"
-  def paired(x):
-    return "—" if x is None else (f"{x['mean']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}] "
-                                  f"vs {x['baseline']}")
-  lines = ["| env | seeds | untrained | after warm start | after RL | after RL − GRPO, paired |",
-           "|---|---|---|---|---|---|"]
+  def paired(x, versus=""):
+    return "—" if x is None else f"{x['mean']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]{versus}"
+  lines = ["| env | seeds | untrained | after warm start | after RL | RL − its start, paired | "
+           "after RL − GRPO, paired |", "|---|---|---|---|---|---|---|"]
   for env, s in summary.items():
+    grpo = s.get("against_grpo")
+    versus = f" vs {grpo['baseline']}" if grpo else ""
     lines.append(f"| {env} | {len(s['seeds'])} | {cell(s['untrained'])} | "
-                 f"{cell(s['warm_start'])} | {cell(s['after_rl'])} | "
-                 f"{paired(s.get('against_grpo'))} |")
+                 f"{cell(s['warm_start'])} | {cell(s['after_rl'])} | {paired(s.get('rl_gain'))} | "
+                 f"{paired(grpo, versus)} |")
   return "\n".join(lines)

@@ -66,6 +66,23 @@ def test_summary_intervals_match_the_t_formula_and_the_goals():
   assert "| a | 3 |" in ls.table(summary) and "| b | 3 | 0.300" in ls.table(summary)
 
 
+def test_rl_gain_pairs_each_seed_with_its_own_start():
+  # Clones that differ by seed (0.3, 0.6, 0.9) and RL adding 0.02, 0.03, 0.04: the intervals of
+  # the warm start and after RL overlap, the paired gain excludes zero.
+  results = [fake_result("a", s, 0.0, 0.3 * (s + 1), 0.3 * (s + 1) + 0.02 + 0.01 * s)
+             for s in range(3)]
+  results += [fake_result("b", s, 0.1 * s, None, 0.1 * s + 0.5) for s in range(3)]
+  summary = ls.summarize(results)
+  gain = summary["a"]["rl_gain"]
+  half = 4.302653 * 0.01 / np.sqrt(3)
+  assert gain["mean"] == pytest.approx(0.03)
+  assert (gain["low"], gain["high"]) == pytest.approx((0.03 - half, 0.03 + half), abs=1e-5)
+  assert not summary["a"]["rl_above_start"]
+  assert summary["b"]["rl_gain"]["mean"] == pytest.approx(0.5)  # no warm start: from untrained
+  assert ls.summarize(results[:1])["a"]["rl_gain"] is None
+  assert "+0.030 [" in ls.table(summary)
+
+
 def test_method_rows_pair_with_the_grpo_row_of_their_budget():
   results = [fake_result("frozenlake", s, 0.0, 0.6, 0.80 + 0.01 * s) for s in range(3)]
   results += [fake_result("c3_frozenlake", s, 0.0, 0.6, 0.85 + 0.03 * s) for s in range(3)]
