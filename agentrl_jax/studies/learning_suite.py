@@ -79,6 +79,7 @@ FULL: tuple[EnvRun, ...] = (
     EnvRun(env="search_qa", gin_file="search_qa_grpo.gin"),
     EnvRun(env="webshop_lite", gin_file="webshop_lite_grpo.gin"),
     EnvRun(env="tool_use", gin_file="tool_use_grpo.gin"),
+    EnvRun(env="sql", gin_file="sql_grpo.gin"),
     EnvRun(env="textworld_express", gin_file="textworld_express_coin_grpo.gin"),
 )
 
