@@ -91,7 +91,9 @@ METHOD_CONFIGS = (
     "slea_frozenlake", "tsr_frozenlake", "t2po_frozenlake", "arpo_frozenlake", "rtpo_frozenlake",
     "dr_grpo_frozenlake", "gagpo_frozenlake", "gca_search_qa", "t1_terminal", "progress_sql",
     "socialrl_dialogue")
-GRPO_BUDGETS = (30, 50, 200, 300)  # 100 iterations is the frozenlake env row itself
+# GRPO at the FrozenLake method configs' other budgets: Iterative GRPO's 10 rounds, RTPO's 50
+# iterations, DRIFT's 300 steps (100 iterations is the frozenlake env row itself).
+GRPO_BUDGETS = (10, 50, 300)
 # DeltaTTG reads a frozen progress meter: the suite trains one per run, in the run's directory.
 _DELTATTG = dict(prepare=("experiments/train_deltattg_meter.py", "--out={workdir}/meter.npz",
                           "--seed={seed}"),
