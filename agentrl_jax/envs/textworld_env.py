@@ -78,7 +78,8 @@ class TextWorld(base.TextEnv):
 
   def __init__(self, challenge: str = "tw-cooking",
                settings: dict[str, Any] | None = None, max_turns: int = 30,
-               cache_dir: str | None = None, show_admissible: bool = False):
+               cache_dir: str | None = None, show_admissible: bool = False,
+               num_games: int | None = None):
     """Builds the env (games are generated lazily, on reset).
 
     Args:
@@ -90,13 +91,20 @@ class TextWorld(base.TextEnv):
       cache_dir: where compiled games are kept; None = `$AGENTRL_TEXTWORLD_CACHE` or
         `~/.cache/agentrl_jax/textworld`.
       show_admissible: list the admissible commands in every observation.
+      num_games: None = every reset seed is its own game; an int N = the seed plays game
+        `seed % N`, a fixed pool of N games. Compiling takes seconds a game, so a training run
+        that draws a fresh seed every episode needs the pool; held-out evaluation then sets
+        `EvalConfig.env_kwargs = {'num_games': None}` so its seeds are games never trained on.
     """
     if not isinstance(challenge, str) or not challenge.startswith("tw-"):
       raise ValueError(f"challenge must be a TextWorld challenge name like 'tw-cooking', "
                        f"got {challenge!r}")
     if settings is not None and not isinstance(settings, dict):
       raise ValueError(f"settings must be a dict or None, got {settings!r}")
+    if num_games is not None and not (base.is_int(num_games) and num_games >= 1):
+      raise ValueError(f"num_games must be None or an int >= 1, got {num_games!r}")
     super().__init__(max_turns=max_turns)
+    self.num_games = None if num_games is None else int(num_games)
     self.challenge = challenge
     self.settings = dict(settings) if settings is not None else _default_settings(challenge)
     self.cache_dir = pathlib.Path(
@@ -166,9 +174,13 @@ class TextWorld(base.TextEnv):
       settings["recipe_seed"] = seed
     return settings
 
+  def game_of(self, seed: int) -> int:
+    """The game a reset seed plays: itself, or its place in the pool of `num_games`."""
+    return seed if self.num_games is None else seed % self.num_games
+
   def _reset(self, seed: int) -> str:
     textworld = _textworld()
-    path = self.game_file(seed)
+    path = self.game_file(self.game_of(seed))
     if self._env is None or self._game_path != path:
       self.close()
       infos = textworld.EnvInfos(admissible_commands=True, policy_commands=True, score=True,

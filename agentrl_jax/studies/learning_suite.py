@@ -81,6 +81,7 @@ FULL: tuple[EnvRun, ...] = (
     EnvRun(env="tool_use", gin_file="tool_use_grpo.gin"),
     EnvRun(env="sql", gin_file="sql_grpo.gin"),
     EnvRun(env="textworld_express", gin_file="textworld_express_coin_grpo.gin"),
+    EnvRun(env="textworld", gin_file="textworld_grpo.gin"),
 )
 
 # Every method config at its own size, beside plain GRPO (the quickstart setup) at each budget the

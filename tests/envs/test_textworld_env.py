@@ -81,6 +81,19 @@ def test_same_seed_same_episode(cache_dir):
   env.close()
 
 
+def test_a_pool_of_games_replays_seed_mod_its_size(cache_dir):
+  pooled = textworld_env.TextWorld(cache_dir=cache_dir, num_games=2, **COIN)
+  single = textworld_env.TextWorld(cache_dir=cache_dir, **COIN)
+  assert [pooled.game_of(s) for s in (0, 1, 2, 3, 1_000_000_001)] == [0, 1, 0, 1, 1]
+  assert pooled.reset(2) == single.reset(0) and pooled.reset(3) == single.reset(1)
+  assert single.reset(2) != single.reset(0)  # without the pool, seed 2 is its own game
+  for bad in (0, -1, 2.0, True):
+    with pytest.raises(ValueError, match="num_games must be None or an int >= 1"):
+      textworld_env.TextWorld(num_games=bad, **COIN)
+  pooled.close()
+  single.close()
+
+
 def test_observation_is_clean_and_admissible_can_be_shown(cache_dir):
   env = textworld_env.TextWorld(cache_dir=cache_dir, show_admissible=True, **COIN)
   observation = env.reset(0)
