@@ -13,6 +13,7 @@ every evaluation of RL, the last of which is the result.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -181,11 +182,34 @@ def run_one(spec: EnvRun, seed: int, runs_dir: str | os.PathLike[str], *,
     prepared.touch()
   _launch(spec, seed, workdir, [str(RUN_PY), *spec.argv(seed, str(workdir))])
   result = {**read_run(workdir), "env": spec.env, "seed": seed, "gin_file": spec.gin_file,
-            "bindings": list(spec.bindings), "wall_s": time.perf_counter() - start}
+            "bindings": list(spec.bindings), "wall_s": time.perf_counter() - start,
+            "code_version": code_version()}
   done.write_text(json.dumps(result, indent=1))
   log(f"{spec.env} seed {seed}: before {result['before']:.3f}, warm start "
       f"{result['warm_start']}, after {result['after']:.3f} ({result['wall_s']:.0f} s)")
   return result
+
+
+# The packages whose builds decide a run's floating-point path: a many-step clone made under
+# another build of these need not come out the same (see `paired_difference`).
+NUMERIC_PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy")
+
+
+def code_version() -> dict[str, Any]:
+  """What a run was made with: the repository commit (None outside git), whether the tree had
+  uncommitted changes, and the versions of `NUMERIC_PACKAGES`."""
+  def git(*args):
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+  head = git("rev-parse", "HEAD")
+  dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+  packages = {}
+  for name in NUMERIC_PACKAGES:
+    try:
+      packages[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      packages[name] = None
+  return {"commit": head.stdout.strip() if head.returncode == 0 else None,
+          "dirty": bool(dirty) if head.returncode == 0 else None, "packages": packages}
 
 
 def _launch(spec: EnvRun, seed: int, workdir: pathlib.Path, argv: Sequence[str]) -> None:
@@ -294,14 +318,33 @@ def rl_gain(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 def paired_difference(results: Sequence[dict[str, Any]], env: str,
                       baseline: str) -> dict[str, Any] | None:
-  """`env`'s after-RL success minus `baseline`'s, paired by seed (same seed: same warm start and
-  held-out tasks): mean and 95% Student-t interval over the seeds both have, not clipped."""
-  after = {(r["env"], r["seed"]): r["after"] for r in results}
-  seeds = sorted(seed for e, seed in after if e == env and (baseline, seed) in after)
+  """`env`'s after-RL success minus `baseline`'s, paired by seed: mean and 95% Student-t
+  interval over the seeds both have, not clipped.
+
+  The pairing assumes a seed's warm start is the same for both rows. Where it is not on some
+  seed (a run made under other code, or a clone that did not reproduce), the after-RL gap would
+  mix the clones' gap into the method's: the difference is then taken between the two RL gains
+  (after RL minus the run's own start, a difference in differences), `measure` says "rl_gain"
+  and `warm_starts_differ` lists the seeds.
+  """
+  by_key = {(r["env"], r["seed"]): r for r in results}
+  seeds = sorted(seed for e, seed in by_key if e == env and (baseline, seed) in by_key)
   if len(seeds) < 2:
     return None
-  return {"baseline": baseline,
-          **_paired_band([after[env, s] - after[baseline, s] for s in seeds])}
+  start = {key: (r["before"] if r["warm_start"] is None else r["warm_start"])
+           for key, r in by_key.items()}
+  differ = [s for s in seeds if abs(start[env, s] - start[baseline, s]) > WARM_START_TOLERANCE]
+  if differ:
+    diffs = [(by_key[env, s]["after"] - start[env, s])
+             - (by_key[baseline, s]["after"] - start[baseline, s]) for s in seeds]
+  else:
+    diffs = [by_key[env, s]["after"] - by_key[baseline, s]["after"] for s in seeds]
+  return {"baseline": baseline, "measure": "rl_gain" if differ else "after_rl",
+          "warm_starts_differ": differ, **_paired_band(diffs)}
+
+
+# Success rates are k / num_tasks read back from float32 logs: equal clones agree to ~1e-7.
+WARM_START_TOLERANCE = 1e-6
 
 
 def restore_runs(records: Sequence[dict[str, Any]], runs_dir: str | os.PathLike[str]) -> int:
@@ -348,6 +391,8 @@ def table(summary: dict[str, Any]) -> str:
   for env, s in summary.items():
     grpo = s.get("against_grpo")
     versus = f" vs {grpo['baseline']}" if grpo else ""
+    if grpo and grpo.get("measure") == "rl_gain":
+      versus += " (RL gains compared: warm starts differ)"
     lines.append(f"| {env} | {len(s['seeds'])} | {cell(s['untrained'])} | "
                  f"{cell(s['warm_start'])} | {cell(s['after_rl'])} | {paired(s.get('rl_gain'))} | "
                  f"{paired(grpo, versus)} |")

@@ -1,7 +1,9 @@
 """The learning suite's bookkeeping: reading a run's metrics, intervals over seeds, resuming."""
 
 import json
+import subprocess
 
+import jax
 import numpy as np
 import pytest
 
@@ -161,3 +163,32 @@ def test_restored_runs_are_read_back_and_finished_ones_kept(tmp_path):
   # Nothing is launched: both come back from their directories, the local one unchanged.
   assert ls.run_one(spec, 1, tmp_path)["after"] == 0.75
   assert ls.run_one(spec, 2, tmp_path)["after"] == 0.9
+
+
+def test_rows_whose_warm_starts_differ_compare_rl_gains():
+  # Same config but clones that did not reproduce (0.60 vs 0.70 on seed 0): the after-RL gap
+  # (+0.10 on seed 0) would be the clones' gap; the RL gains (+0.02 and +0.02) are equal.
+  results = [fake_result("search_qa", s, 0.0, 0.6, 0.62 + 0.01 * s) for s in range(3)]
+  results += [fake_result("gca_search_qa", s, 0.0, 0.6 + 0.1 * (s == 0), 0.62 + 0.01 * s
+                          + 0.1 * (s == 0)) for s in range(3)]
+  summary = ls.summarize(results)
+  got = summary["gca_search_qa"]["against_grpo"]
+  assert (got["measure"], got["warm_starts_differ"]) == ("rl_gain", [0])
+  assert got["mean"] == pytest.approx(0.0, abs=1e-9)
+  assert "warm starts differ" in ls.table(summary)
+  # Equal clones: the plain after-RL difference, nothing flagged.
+  same = ls.summarize(results[:3] + [fake_result("gca_search_qa", s, 0.0, 0.6, 0.65 + 0.01 * s)
+                                      for s in range(3)])["gca_search_qa"]["against_grpo"]
+  assert (same["measure"], same["warm_starts_differ"]) == ("after_rl", [])
+  assert same["mean"] == pytest.approx(0.03)
+
+
+def test_code_version_names_the_checkout_commit_and_the_numeric_packages():
+  got = ls.code_version()
+  head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ls.REPO, capture_output=True,
+                        text=True, check=False)
+  if head.returncode == 0:
+    assert got["commit"] == head.stdout.strip() and isinstance(got["dirty"], bool)
+  else:
+    assert got["commit"] is None and got["dirty"] is None
+  assert got["packages"]["jax"] == jax.__version__ and got["packages"]["numpy"] == np.__version__
