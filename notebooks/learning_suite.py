@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -20,8 +22,8 @@
 # runs resume per (env, seed), so the suite can be finished in parts (`STUDY_RUNS_DIR` keeps
 # them; a rerun reads finished runs back and resumes stopped ones from their checkpoints).
 # `STUDY_ENVS=frozenlake,sokoban` runs only those envs; `STUDY_SET=methods` runs every method
-# config at its own size beside plain GRPO at the same budgets instead (keep its runs in a
-# directory of their own); the table and figure cover every row with finished runs in the
+# config at its own size beside plain GRPO at the same budgets instead, `STUDY_SET=rl_share`
+# FrozenLake from a clone of a tenth of the steps, where RL has room to add; the table and figure cover every row with finished runs in the
 # directory. `STUDY_ANALYSE_ONLY=1` launches nothing and reports the runs finished so far (a row
 # may then have fewer than 3 seeds: the table says how many). `SMALL=1`: one seed of a few FrozenLake iterations,
 # about 70 seconds, checking the pipeline rather than the learning (one seed has no interval).
@@ -61,8 +63,12 @@ SMALL = os.environ.get("SMALL", "0") == "1"
 HERE = pathlib.Path(__file__).resolve().parent if "__file__" in globals() else pathlib.Path.cwd()
 OUTPUT_DIR = pathlib.Path(os.environ.get("STUDY_OUTPUT_DIR", HERE))
 RUNS_DIR = pathlib.Path(os.environ.get("STUDY_RUNS_DIR") or tempfile.mkdtemp(prefix="suite_"))
-# STUDY_SET=methods: every method config beside plain GRPO at the same budgets (ls.METHODS).
-SPECS = ls.SMALL if SMALL else (ls.METHODS if os.environ.get("STUDY_SET") == "methods" else ls.FULL)
+# STUDY_SET=methods: every method config beside plain GRPO at the same budgets (ls.METHODS);
+# STUDY_SET=rl_share: setups from a short clone, where RL has room to add (ls.RL_SHARE).
+STUDY_SET = os.environ.get("STUDY_SET", "full")
+if STUDY_SET not in ls.SETS:
+  raise SystemExit(f"STUDY_SET={STUDY_SET!r} is not one of {sorted(ls.SETS)}")
+SPECS = ls.SMALL if SMALL else ls.SETS[STUDY_SET]
 SEEDS = (0,) if SMALL else (0, 1, 2)
 CHOSEN = os.environ.get("STUDY_ENVS")
 if CHOSEN:

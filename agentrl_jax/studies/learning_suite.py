@@ -108,6 +108,15 @@ METHODS: tuple[EnvRun, ...] = (
              bindings=(f"configs.TrainConfig.num_iterations = {n}",)) for n in GRPO_BUDGETS),
 )
 
+# RL's own share: an env's setup from a clone of a tenth of the cloning steps, so that RL has room
+# to add (with the full clone the warm start does nearly all of the learning and RL's gain sits
+# inside the seeds' spread). STUDY_SET=rl_share.
+RL_SHARE: tuple[EnvRun, ...] = (
+    EnvRun(env="frozenlake_short_clone", gin_file="quickstart.gin",
+           bindings=("configs.WarmStartConfig.iterations = 10",)),
+)
+SETS = MappingProxyType({"full": FULL, "methods": METHODS, "rl_share": RL_SHARE})
+
 # CI size: a few iterations of FrozenLake, checking the pipeline, not the learning.
 SMALL: tuple[EnvRun, ...] = (
     EnvRun(env="frozenlake", gin_file="quickstart.gin", bindings=(

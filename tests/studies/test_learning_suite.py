@@ -140,7 +140,7 @@ def test_a_failed_launch_names_its_log(tmp_path):
 
 
 def test_every_full_size_config_exists_and_every_method_config_is_in_the_suite():
-  for spec in (*ls.FULL, *ls.METHODS):
+  for spec in (spec for specs in ls.SETS.values() for spec in specs):
     assert (ls.CONFIGS / spec.gin_file).is_file(), spec
   env_configs = {s.gin_file for s in ls.FULL} | {"quickstart.gin", "hf_tiny_qwen2_grpo.gin"}
   # Plain GRPO on an env: the tiny model's *_grpo.gin and the pretrained model's smollm2_*.gin.
