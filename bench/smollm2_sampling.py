@@ -5,7 +5,10 @@ by `models/gguf.py`, transformers' by `from_pretrained(..., gguf_file=...)`), on
 16 random 96-token prompts, decoding 16 and then 64 new tokens without a stop token. For each
 length the script checks that the two produce the same greedy tokens and prints sampled tokens/s
 of each (best of `--repeats` timed calls after a warm-up call that includes compilation) and
-the ratio ours / transformers.
+the ratio ours / transformers. It then times our sampler on a bfloat16 copy of the same weights
+(`RolloutConfig.sampling_dtype = 'bfloat16'`: bfloat16 weights, activations and KV cache, float32
+logits) against the same `generate` call, with the share of its greedy tokens that equal the
+float32 ones (not all do: bfloat16 moves near-ties of the arg-max).
 
 It also prints the roofline of our call on this machine, from two anchors measured in the same
 run: the float32 matmul peak (`models.matmul_peak`) and the rate of reading an array the size of
@@ -39,6 +42,7 @@ import models as bench_models  # noqa: E402
 
 from agentrl_jax.models import gguf  # noqa: E402
 from agentrl_jax.models import transformer  # noqa: E402
+from agentrl_jax.rollout import low_precision  # noqa: E402
 from agentrl_jax.rollout import sampler as sampler_lib  # noqa: E402
 
 BATCH, PROMPT = 16, 96
@@ -56,7 +60,8 @@ def best_time(fn, repeats: int) -> tuple[float, np.ndarray]:
   return min(times), out
 
 
-def our_sampler(config, graphdef, params, prompt: np.ndarray, new_tokens: int):
+def our_sampler(config, graphdef, params, prompt: np.ndarray, new_tokens: int,
+                kv_dtype=jnp.float32):
   """A call that greedily decodes `new_tokens` after `prompt` and returns them as NumPy."""
   sampling = sampler_lib.SamplingConfig(temperature=0.0, max_action_tokens=new_tokens)
   turn = sampler_lib.make_turn_sampler(graphdef, sampling, config.vocab_size)
@@ -65,7 +70,7 @@ def our_sampler(config, graphdef, params, prompt: np.ndarray, new_tokens: int):
   active, key = jnp.ones((batch,), bool), jax.random.key(0)
 
   def run():
-    cache = transformer.init_cache(config, batch, length + new_tokens)
+    cache = transformer.init_cache(config, batch, length + new_tokens, kv_dtype)
     return np.asarray(turn(params, cache, obs, obs_len, active, jnp.int32(0), key).tokens)
 
   return run
@@ -148,6 +153,14 @@ def main():
           f"the matmul peak + {new - 1} weight reads {decode:.2f} s); ours is "
           f"{(prefill + decode) / t_ours:.0%} of it; the largest ratio to transformers any "
           f"sampler could reach: {t_ref / (prefill + decode):.2f}x")
+    # The bfloat16 sampling copy, cast once as the rollout loop does.
+    graphdef16, config16 = low_precision.sampling_model(graphdef, config, "bfloat16")
+    params16 = low_precision.bfloat16_copy(params)
+    t16, ours16 = best_time(our_sampler(config16, graphdef16, params16, prompt, new,
+                                        low_precision.cache_dtype("bfloat16")), args.repeats)
+    print(f"  ours, bfloat16 copy   {n / t16:>8,.0f} tokens/s  ({t16:.2f} s); "
+          f"{t_ours / t16:.2f}x our float32, {t_ref / t16:.2f}x transformers; greedy tokens "
+          f"equal to float32: {np.mean(ours16 == ours):.0%}")
 
 
 if __name__ == "__main__":

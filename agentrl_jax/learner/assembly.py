@@ -318,8 +318,9 @@ class Run:
 def build_run(resolved: Resolved, graphdef) -> Run:
   """The runners (sampled, and greedy for evaluation) of a resolved run's policy."""
   rollout = resolved.rollout
-  greedy = dataclasses.replace(rollout, sampling=dataclasses.replace(rollout.sampling,
-                                                                     temperature=0.0))
+  # Held-out evaluation scores the policy itself, not a low-precision sampling copy of it.
+  greedy = dataclasses.replace(rollout, sampling_dtype=None, sampling=dataclasses.replace(
+      rollout.sampling, temperature=0.0))
   return Run(
       tokenizer=resolved.tokenizer, make_env=resolved.make_env, model=resolved.model,
       rollout=rollout, graphdef=graphdef,

@@ -29,6 +29,7 @@ from agentrl_jax.envs import base as envs_base
 from agentrl_jax.models import tokenizer as tokenizer_lib
 from agentrl_jax.models import transformer
 from agentrl_jax.rollout import context as context_lib
+from agentrl_jax.rollout import low_precision
 from agentrl_jax.rollout import conversation as conversation_lib
 from agentrl_jax.rollout import sampler as sampler_lib
 from agentrl_jax.rollout import workers as workers_lib
@@ -67,6 +68,12 @@ class RolloutConfig:
     cache_steps_per_doubling: sizes of the growing cache per doubling: 2 (each about √2 times
       the last; 8 sizes up to 672 slots) or 1 (doubling: 5 sizes, fewer compiles, up to twice
       the slots a turn needs).
+    sampling_dtype: None (the default): the sampler runs the policy's parameters as they are,
+      so the learner's log-probs equal the sampler's. 'bfloat16': it runs a bfloat16 copy, cast
+      once per rollout, with a bfloat16 KV cache (`rollout/low_precision.py`: about half the
+      weight reads of a decode step); the learner still trains the float32 policy, and
+      `LossConfig.tis_cap` corrects for the gap. Plain `RolloutRunner.collect` only (the
+      rollout strategies reject it); held-out evaluation stays in the policy's own precision.
   """
 
   max_turns: int = 10
@@ -80,6 +87,7 @@ class RolloutConfig:
   cache_windows: tuple[int, ...] = ()
   grow_cache: bool = False
   cache_steps_per_doubling: int = 2
+  sampling_dtype: str | None = None
 
   def __post_init__(self):
     config_errors.check_field_types(self)
@@ -102,6 +110,7 @@ class RolloutConfig:
     if self.cache_steps_per_doubling < 1:
       raise ValueError(f"RolloutConfig.cache_steps_per_doubling must be >= 1, got "
                        f"{self.cache_steps_per_doubling}")
+    low_precision.check_sampling_dtype(self.sampling_dtype)
     turn_size = self.obs_buckets[-1] + self.sampling.max_action_tokens
     if self.context.policy == "truncate_oldest" and self.context.max_context_tokens < turn_size:
       raise ValueError(
@@ -342,7 +351,11 @@ class RolloutRunner:
     self.model_config = model_config
     self.graphdef = graphdef  # public: strategies build their own jitted pieces from it
     sampler_lib.check_thinking(config.sampling.thinking, model_config.vocab_size)
-    self._sample_turn = sampler_lib.make_turn_sampler(graphdef, config.sampling, model_config.vocab_size)
+    # What the sampler runs: the policy itself, or its low-precision twin (sampling_dtype).
+    self._sampling_graphdef, self._sampling_model = low_precision.sampling_model(
+        graphdef, model_config, config.sampling_dtype)
+    self._sample_turn = sampler_lib.make_turn_sampler(self._sampling_graphdef, config.sampling,
+                                                      model_config.vocab_size)
     self._stop_ids = set(config.sampling.stop_token_ids)
     self._stepper = workers_lib.EnvStepper(config.workers)
 
@@ -413,11 +426,14 @@ class RolloutRunner:
       raise ValueError(f"collect: {b} envs but row_ids has shape {row_ids.shape}")
     cache = None
     if actor is None:
+      kv_dtype = low_precision.cache_dtype(cfg.sampling_dtype)
+      if cfg.sampling_dtype is not None:  # cast once here, not in every decode step
+        params = low_precision.bfloat16_copy(params)
       if cfg.grow_cache:
-        cache = sampler_lib.growing_cache(self.model_config, b, cfg.cache_capacity,
-                                          cfg.cache_steps_per_doubling)
+        cache = sampler_lib.growing_cache(self._sampling_model, b, cfg.cache_capacity,
+                                          cfg.cache_steps_per_doubling, dtype=kv_dtype)
       else:
-        cache = transformer.init_cache(self.model_config, b, cfg.cache_capacity)
+        cache = transformer.init_cache(self._sampling_model, b, cfg.cache_capacity, kv_dtype)
     turn_open = np.zeros((b, cfg.max_turns), np.int32)  # where each turn's observation starts
     spent = np.zeros(b, np.int32)  # action tokens sampled so far
     if cfg.context.masks:

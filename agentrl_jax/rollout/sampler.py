@@ -487,14 +487,14 @@ def cache_sizes(capacity: int, steps_per_doubling: int = 2,
 
 
 def growing_cache(config: transformer.TransformerConfig, batch_size: int, capacity: int,
-                  steps_per_doubling: int = 2) -> transformer.KVCache:
+                  steps_per_doubling: int = 2, dtype=jnp.float32) -> transformer.KVCache:
   """An empty per-layer cache of the first of `cache_sizes`; `fit_cache` grows it.
 
   Per-layer (`KVCache.unstacked`): the sampler then hands each layer's buffer through a turn as
   it is, where a stacked cache is unstacked and stacked again, two copies of it per turn.
   """
   first = cache_sizes(capacity, steps_per_doubling)[0]
-  return transformer.init_cache(config, batch_size, first).unstacked()
+  return transformer.init_cache(config, batch_size, first, dtype).unstacked()
 
 
 @functools.partial(jax.jit, static_argnums=1)

@@ -122,6 +122,9 @@ def check_supported(config: loop_lib.RolloutConfig, *, thinking_ok: bool = False
   if context is not None and getattr(context, "masks", False):
     raise ValueError(f"rollout strategies play the full context: RolloutConfig.context.policy "
                      f"must be 'full', got {context.policy!r}")
+  if getattr(config, "sampling_dtype", None) is not None:
+    raise ValueError(f"rollout strategies sample with the policy's own parameters: "
+                     f"RolloutConfig.sampling_dtype must be None, got {config.sampling_dtype!r}")
   if getattr(config, "max_trajectory_action_tokens", 0):
     raise ValueError(f"rollout strategies do not apply RolloutConfig.max_trajectory_action_tokens "
                      f"(got {config.max_trajectory_action_tokens}); set it to 0")
