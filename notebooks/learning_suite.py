@@ -20,7 +20,9 @@
 # each (env, seed) is one launch of the env's gin file at its own size (see
 # `agentrl_jax.studies.learning_suite.FULL`), 3 seeds, each within 20 minutes on 2 cores; the
 # runs resume per (env, seed), so the suite can be finished in parts (`STUDY_RUNS_DIR` keeps
-# them; a rerun reads finished runs back and resumes stopped ones from their checkpoints).
+# them; a rerun reads finished runs back and resumes stopped ones from their checkpoints; the
+# runs share one compilation cache there, `jax_cache/`, so a later run loads the programs an
+# earlier one compiled).
 # `STUDY_ENVS=frozenlake,sokoban` runs only those envs; `STUDY_SET=methods` runs every method
 # config at its own size beside plain GRPO at the same budgets instead, `STUDY_SET=rl_share`
 # FrozenLake from a clone of a tenth of the steps, where RL has room to add; the table and figure cover every row with finished runs in the

@@ -139,6 +139,22 @@ def test_a_failed_launch_names_its_log(tmp_path):
   assert "no_such_file.gin" in (ls.workdir_of(tmp_path, "frozenlake", 0) / "suite_log.txt").read_text()
 
 
+def test_runs_share_one_compilation_cache_unless_the_caller_names_one(tmp_path, monkeypatch):
+  env = ls.launch_environment(tmp_path, {"PATH": "/bin"})
+  assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "jax_cache")
+  assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0" and env["PATH"] == "/bin"
+  assert ls.launch_environment(tmp_path, {"JAX_COMPILATION_CACHE_DIR": "/elsewhere"})[
+      "JAX_COMPILATION_CACHE_DIR"] == "/elsewhere"
+  # What a launched process sees: its prepare step prints the variable into the run's log.
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  spec = ls.EnvRun(env="frozenlake", gin_file="no_such_file.gin", prepare=(
+      "-c", "import os; print('cache at', os.environ['JAX_COMPILATION_CACHE_DIR'])"))
+  with pytest.raises(RuntimeError):  # the run itself fails on the missing gin file
+    ls.run_one(spec, 0, tmp_path)
+  log = (ls.workdir_of(tmp_path, "frozenlake", 0) / "suite_log.txt").read_text()
+  assert f"cache at {tmp_path / 'jax_cache'}" in log
+
+
 def test_every_full_size_config_exists_and_every_method_config_is_in_the_suite():
   for spec in (spec for specs in ls.SETS.values() for spec in specs):
     assert (ls.CONFIGS / spec.gin_file).is_file(), spec
