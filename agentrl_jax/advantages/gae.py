@@ -119,27 +119,36 @@ def _blocked_supported(lambda_) -> bool:
 
 
 def _chunk_heads(u: Array, c: Array) -> tuple[Array, Array]:
-  """Per chunk (last axis): `z_0` of `z_j = u_j + c_j·z_{j+1}` from `z = 0` past the chunk, and
-  the product `c_0·…·c_{n−1}`, both `[..., num_chunks]`.
+  """Per chunk: `z_0` of `z_j = u_j + c_j·z_{j+1}` from `z = 0` past the chunk, and the product
+  `c_0·…·c_{n−1}`, both `[B, num_chunks]`, from `u, c` in the chunk-major layout
+  `[B, chunk, num_chunks]`.
 
-  A chunk's few dependent elementwise steps over `[..., num_chunks]` slices, which XLA fuses
-  into one pass over the data with no transpose (what the time-major scan pays for).
+  A chunk's few dependent elementwise steps over `[B, num_chunks]` slices, which XLA fuses into
+  one pass over the data with no transpose of the whole sequence (what the time-major scan pays
+  for); in the chunk-major layout each slice is contiguous, so the pass vectorises.
   """
-  z, p = u[..., -1], c[..., -1]
-  for j in range(u.shape[-1] - 2, -1, -1):
-    z = u[..., j] + c[..., j] * z
-    p = c[..., j] * p
+  z, p = u[:, -1], c[:, -1]
+  for j in range(u.shape[1] - 2, -1, -1):
+    z = u[:, j] + c[:, j] * z
+    p = c[:, j] * p
   return z, p
 
 
 def _chunk_suffixes(u: Array, c: Array, z_after: Array) -> Array:
-  """Every `z_j = u_j + c_j·z_{j+1}` of each chunk, from `z_after` (`[..., num_chunks]`) past it."""
+  """Every `z_j = u_j + c_j·z_{j+1}` of each chunk, from `z_after` (`[B, num_chunks]`) past it;
+  `u, c` and the result in the chunk-major layout `[B, chunk, num_chunks]`."""
   z = z_after
   zs = []
-  for j in range(u.shape[-1] - 1, -1, -1):
-    z = u[..., j] + c[..., j] * z
+  for j in range(u.shape[1] - 1, -1, -1):
+    z = u[:, j] + c[:, j] * z
     zs.append(z)
-  return jnp.stack(zs[::-1], axis=-1)
+  return jnp.stack(zs[::-1], axis=1)
+
+
+def _chunk_major(x: Array, chunk: int) -> Array:
+  """`[B, T]` → `[B, chunk, T/chunk]`: element `[b, j, k]` is token `k·chunk + j`."""
+  batch, length = x.shape
+  return x.reshape(batch, length // chunk, chunk).transpose(0, 2, 1)
 
 
 def _gae_blocked(rewards, values, mask, discount, lambda_: float, chunk: int = CHUNK):
@@ -152,8 +161,11 @@ def _gae_blocked(rewards, values, mask, discount, lambda_: float, chunk: int = C
   passes: each chunk's head value and product from inside the chunk (`_chunk_heads`); the heads
   chained across chunks by a `lax.scan` over `T/chunk` steps; each chunk's recursion run again
   from the true value past it (`_chunk_suffixes`). Recomputing the chunk beats storing it
-  (fewer bytes moved; bench/advantages.py). Every step is a plain multiply-add, so any discount
-  values (zeros, tiny ones) are exact; `V/λ` must not cancel badly, hence λ ≥ 0.5.
+  (fewer bytes moved; bench/advantages.py). `u` and `c` are formed in the chunk-major layout
+  (`_chunk_major`, a transpose XLA fuses into their elementwise producers), where a chunk's
+  j-th tokens are contiguous: 1.3–1.4× faster than the token-major `[B, T/chunk, chunk]` layout
+  at 4096 × 512 with the same results bit for bit. Every step is a plain multiply-add, so any
+  discount values (zeros, tiny ones) are exact; `V/λ` must not cancel badly, hence λ ≥ 0.5.
   """
   dtype = rewards.dtype
   batch, length = rewards.shape
@@ -167,8 +179,7 @@ def _gae_blocked(rewards, values, mask, discount, lambda_: float, chunk: int = C
   kappa = (1.0 - lambda_) / lambda_
   u = jnp.where(mask, rewards + kappa * values, 0.0)
   c = jnp.broadcast_to(jnp.where(mask, discount * lambda_, 1.0).astype(dtype), u.shape)
-  split = (batch, padded // chunk, chunk)
-  u, c = u.reshape(split), c.reshape(split)
+  u, c = _chunk_major(u, chunk), _chunk_major(c, chunk)
   z_head, p_head = _chunk_heads(u, c)
 
   def next_chunk(z_after, head):
@@ -177,7 +188,7 @@ def _gae_blocked(rewards, values, mask, discount, lambda_: float, chunk: int = C
 
   _, z_after = jax.lax.scan(next_chunk, jnp.zeros((batch,), dtype), (z_head.T, p_head.T),
                             reverse=True)
-  z = _chunk_suffixes(u, c, z_after.T).reshape(batch, padded)[:, :length]
+  z = _chunk_suffixes(u, c, z_after.T).transpose(0, 2, 1).reshape(batch, padded)[:, :length]
   mask, values = mask[:, :length], values[:, :length]
   advantages = jnp.where(mask, z - values / lambda_, 0.0)
   returns = jnp.where(mask, advantages + values, 0.0)
