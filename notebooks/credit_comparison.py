@@ -122,9 +122,10 @@ NAME = "credit_benchmark" if BENCHMARK else "credit_comparison"
 
 SPECS = {env: cc.benchmark_spec(env) if BENCHMARK else SPEC for env in cc.SETTINGS}
 # The seeds of each setting: the benchmark runs 20 on its cheap small-batch chains, 5 elsewhere.
-SEEDS_OF = {env: cc.benchmark_seeds(env) if BENCHMARK else SEEDS for env in PLAN}
+# Every setting's seeds (the analysis reads all the study's finished settings, not only PLAN's).
+SEEDS_OF = {env: cc.benchmark_seeds(env) if BENCHMARK else SEEDS for env in cc.SETTINGS}
 RESULTS_PATH = OUTPUT_DIR / "results" / f"{NAME}.json"
-print(f"SMALL={SMALL}  spec={SPEC}  seeds={SEEDS_OF}  runs in {RUNS_DIR}  devices={jax.devices()}")
+print(f"SMALL={SMALL}  spec={SPEC}  seeds={ {env: SEEDS_OF[env] for env in PLAN} }  runs in {RUNS_DIR}  devices={jax.devices()}")
 
 # %% [markdown]
 # ## Train every (env, method, seed)
@@ -135,17 +136,13 @@ print(f"SMALL={SMALL}  spec={SPEC}  seeds={SEEDS_OF}  runs in {RUNS_DIR}  device
 # %%
 done = {} if SMALL else cc.read_results_file(str(RESULTS_PATH), SPECS)
 print(f"{len(done)} runs read back from {RESULTS_PATH}")
-# STUDY_ANALYSE_ONLY=1: no training; the plan shrinks to the (setting, method) pairs whose every
-# seed is in the results file, and the table, tests and figure are made from those.
+# STUDY_ANALYSE_ONLY=1: no training; the table, tests and figure are made from the results file.
 if os.environ.get("STUDY_ANALYSE_ONLY") == "1":
-  PLAN = {env: [name for name in names
-                if all((env, name, seed) in done for seed in SEEDS_OF[env])]
-          for env, names in PLAN.items()}
-  PLAN = {env: names for env, names in PLAN.items() if names}
-  if not PLAN:
-    raise ValueError(f"STUDY_ANALYSE_ONLY: no (setting, method) in {RESULTS_PATH} has all seeds "
-                     f"{SEEDS_OF}")
-  print(f"analysing the finished runs only: {PLAN}")
+  if not cc.complete_plan(done, SEEDS_OF):
+    raise ValueError(f"STUDY_ANALYSE_ONLY: no (setting, method) in {RESULTS_PATH} has all its "
+                     f"seeds")
+  PLAN = {}
+  print("analysing the finished runs only")
 # Runs are merged into the results file under a lock (other processes may be running other
 # methods or settings); the CI size replaces the file instead, its runs sharing keys with the
 # full size's.
@@ -172,6 +169,22 @@ for env, names in PLAN.items():
             f"({time.time() - run_start:.0f} s)", flush=True)
 elapsed = time.time() - start
 print(f"all runs took {elapsed / 60:.1f} min")
+
+# %% [markdown]
+# The analysis covers every (setting, method) of the study that has all its seeds in the results
+# file, not only the ones this launch trained, so that a launch of one method on one setting
+# rewrites the table and the tests with every finished row. The CI size analyses its own runs.
+
+# %%
+if SMALL:
+  ANALYSED = PLAN
+else:
+  done = cc.read_results_file(str(RESULTS_PATH), SPECS)
+  ANALYSED = cc.complete_plan(done, SEEDS_OF)
+  results = [done[env, name, seed]
+             for env, names in ANALYSED.items() for name in names for seed in SEEDS_OF[env]]
+print(f"analysing {sum(map(len, ANALYSED.values()))} (setting, method) pairs: {ANALYSED}")
+ANALYSED_SPECS = {env: cc.spec_record(SPECS[env]) for env in ANALYSED}
 
 # %% [markdown]
 # ## Results table
@@ -221,7 +234,7 @@ for g in gradient_parts:
         f"{g['gated']:.3f} gated, routine part ≈ {g['routine']:.3f} ({g['num_seeds']} seeds)")
 
 # %%
-envs = list(PLAN)
+envs = list(ANALYSED)
 fig, axes = plt.subplots(len(envs), 3, figsize=(15, 4 * len(envs)), squeeze=False)
 colors = {m.name: f"C{i}" for i, m in enumerate(cc.METHODS)}
 panels = (("success", "training success"), ("repeated_action_rate", "repeated-action rate"),
@@ -239,7 +252,7 @@ for row, env in enumerate(envs):
     ax.set(xlabel="iteration", ylabel=label, title=f"{env}: {label}")
     if col == 0:
       ax.legend(fontsize=7, ncol=2)
-fig.suptitle(f"{'/'.join(sorted({str(len(SEEDS_OF[env])) for env in PLAN}))} seed(s) a setting, bands = 95% t-interval over seeds"
+fig.suptitle(f"{'/'.join(sorted({str(len(SEEDS_OF[env])) for env in ANALYSED}))} seed(s) a setting, bands = 95% t-interval over seeds"
              + (" (SMALL)" if SMALL else ""))
 fig.tight_layout()
 (OUTPUT_DIR / "figures").mkdir(parents=True, exist_ok=True)
@@ -250,8 +263,9 @@ print("wrote", figure_path)
 # %%
 (OUTPUT_DIR / "results").mkdir(parents=True, exist_ok=True)
 (OUTPUT_DIR / "results" / f"{NAME}.md").write_text(table + "\n")
-cc.merge_results_file(str(RESULTS_PATH), results, PLAN_SPECS, fresh=SMALL, small=SMALL,
-                      seeds={env: list(SEEDS_OF[env]) for env in PLAN}, plan=PLAN, runtime_s=elapsed,
+cc.merge_results_file(str(RESULTS_PATH), results, ANALYSED_SPECS, fresh=SMALL, small=SMALL,
+                      seeds={env: list(SEEDS_OF[env]) for env in ANALYSED}, plan=ANALYSED,
+                      runtime_s=elapsed,
                       against_grpo=[c._asdict() for c in comparisons], step_gap=step_gaps,
                       first_gradient=gradient_parts)
 results_path = RESULTS_PATH
@@ -260,7 +274,7 @@ print("wrote", results_path)
 # %% [markdown]
 # ## Checks
 #
-# Every planned run finished with finite, in-range rates. Every method of an env starts from the
+# Every analysed run finished with finite, in-range rates. Every method of an env starts from the
 # same policy (initialised from the seed) and samples its first batch with the same key; the
 # credit stage acts only after that batch, so iteration 1 is the same for all methods. On DD-Chain
 # every observation is new, so the curiosity penalty never fires: GRPO + curiosity takes the same
@@ -270,7 +284,7 @@ print("wrote", results_path)
 # is at least halfway from chance to 1.
 
 # %%
-assert len(results) == sum(len(names) * len(SEEDS_OF[env]) for env, names in PLAN.items())
+assert len(results) == sum(len(names) * len(SEEDS_OF[env]) for env, names in ANALYSED.items())
 for r in results:
   for values in (r.success, r.repeated_action_rate, r.invalid_action_rate):
     assert values.shape == (SPECS[r.env].num_iterations,), r
@@ -280,7 +294,7 @@ for r in results:
     assert r.grad_norm.shape == values.shape and np.all(r.grad_norm > 0), r
 RATES = ("success", "repeated_action_rate", "invalid_action_rate")
 runs = {(r.env, r.method, r.seed): r for r in results}
-for env, names in PLAN.items():
+for env, names in ANALYSED.items():
   for seed in SEEDS_OF[env]:
     firsts = {tuple(float(getattr(runs[env, name, seed], f)[0]) for f in RATES) for name in names}
     assert len(firsts) == 1, (env, seed, firsts)

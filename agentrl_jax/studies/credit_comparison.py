@@ -545,6 +545,24 @@ def read_results_file(path: str, specs: Mapping[str, ComparisonSpec]
           if r["env"] in specs and recorded.get(r["env"]) == spec_record(specs[r["env"]])}
 
 
+def complete_plan(runs: Mapping[tuple[str, str, int], RunResult],
+                  seeds: Mapping[str, Sequence[int]]) -> dict[str, list[str]]:
+  """The settings and methods of `runs` (keyed as `read_results_file` keys them) that have every
+  seed `seeds[setting]` names, in `SETTINGS` and `METHODS` order (settings not in `seeds`: none).
+
+  A study's tables and tests are made from these, whatever part of it one launch trained: a launch
+  of one method on one setting must not drop the other finished rows from the results.
+  """
+  plan: dict[str, list[str]] = {}
+  for setting in (s for s in SETTINGS if s in seeds):
+    names = [m.name for m in METHODS
+             if any(key[:2] == (setting, m.name) for key in runs)
+             and all((setting, m.name, seed) in runs for seed in seeds[setting])]
+    if names:
+      plan[setting] = names
+  return plan
+
+
 def step_gaps(results: Sequence[RunResult], baseline: str = "grpo",
               turn: str = "grpo_oracle_turn") -> list[dict[str, Any]]:
   """Iterations to `SUCCESS_THRESHOLD` (over the setting's `threshold_window`), trajectory-level

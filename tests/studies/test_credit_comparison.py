@@ -433,3 +433,14 @@ def test_step_gaps_per_chain():
   assert (gap["median_grpo"], gap["median_grpo_oracle_turn"], gap["gap"]) == (5.0, 2.0, 2.5)
   want = cc.fits.mann_whitney_u(np.array([2, 2, 3]), np.array([4, 5, 5]), alternative="less")
   assert gap["p_value"] == pytest.approx(want.p_value)
+
+
+def test_complete_plan_keeps_the_pairs_with_every_seed_in_study_order():
+  runs = {("frozenlake", name, seed): _final(name, "frozenlake", seed, 0.5)
+          for name in ("gigpo", "grpo") for seed in (0, 1, 2)}
+  runs[("dd_chain", "rloo", 0)] = _final("rloo", "dd_chain", 0, 0.5)  # seeds 1 and 2 missing
+  got = cc.complete_plan(runs, {"frozenlake": (0, 1, 2), "dd_chain": (0, 1, 2)})
+  assert got == {"frozenlake": ["grpo", "gigpo"]}  # METHODS order, not the runs' order
+  assert cc.complete_plan(runs, {"frozenlake": (0,), "dd_chain": (0,)}) == {
+      "dd_chain": ["rloo"], "frozenlake": ["grpo", "gigpo"]}
+  assert cc.complete_plan(runs, {"dd_chain": (0,)}) == {"dd_chain": ["rloo"]}

@@ -1,0 +1,52 @@
+"""The credit benchmark notebook's analysis covers the whole results file, whatever one launch ran."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+
+from agentrl_jax.studies import credit_comparison as cc
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NOTEBOOK = ROOT / "notebooks" / "credit_comparison.py"
+
+
+def _finished_run(setting, method, seed, spec):
+  n = spec.num_iterations
+  success = np.linspace(0.2, 1.0, n) if method == "grpo" else np.linspace(0.2, 0.9, n)
+  success[0] = 0.2  # every method's first batch is the same sample
+  return cc.RunResult(method=method, env=setting, seed=seed, success=success,
+                      invalid_action_rate=np.zeros(n), repeated_action_rate=np.zeros(n),
+                      eval_success=0.5 + 0.01 * seed, grad_norm=np.ones(n))
+
+
+def test_a_launch_on_one_setting_rewrites_the_table_with_every_finished_setting(tmp_path):
+  settings = ("dd_chain_t32_m2", "dd_chain_t32_m4")
+  runs = [_finished_run(s, m, seed, cc.benchmark_spec(s)) for s in settings
+          for m in ("grpo", "gigpo") for seed in cc.benchmark_seeds(s)]
+  runs = runs[:-1]  # m4's GiGPO misses a seed: unfinished, so not analysed
+  path = tmp_path / "results" / "credit_benchmark.json"
+  cc.merge_results_file(str(path), runs,
+                        {s: cc.spec_record(cc.benchmark_spec(s)) for s in settings})
+  env = dict(os.environ, STUDY_SET="benchmark", STUDY_SETTINGS=settings[0],
+             STUDY_ANALYSE_ONLY="1", STUDY_OUTPUT_DIR=str(tmp_path),
+             STUDY_RUNS_DIR=str(tmp_path / "runs"), MPLBACKEND="Agg", JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+  env["XLA_FLAGS"] = os.environ.get("AGENTRL_JAX_TEST_COMPILE_FLAGS", "")
+  result = subprocess.run([sys.executable, str(NOTEBOOK)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  assert "all checks passed" in result.stdout
+  table = (tmp_path / "results" / "credit_benchmark.md").read_text()
+  rows = {tuple(cell.strip() for cell in line.split("|")[1:3])
+          for line in table.splitlines() if line.startswith("| dd_chain")}
+  assert rows == {("dd_chain_t32_m2", "grpo"), ("dd_chain_t32_m2", "gigpo"),
+                  ("dd_chain_t32_m4", "grpo")}, table
+  payload = json.loads(path.read_text())
+  compared = {(c["env"], c["method"]) for c in payload["against_grpo"]}
+  assert compared == {("dd_chain_t32_m2", "gigpo")}
+  assert payload["plan"] == {"dd_chain_t32_m2": ["grpo", "gigpo"], "dd_chain_t32_m4": ["grpo"]}
+  assert len(payload["runs"]) == len(runs)  # the unfinished setting's runs are kept
