@@ -40,8 +40,9 @@
 #   `STUDY_SETTINGS=dd_chain_t32_m2,...` picks settings. The results JSON is rewritten after every
 #   run and read back on the next start, so the benchmark can be finished in parts. A chain run
 #   takes about 55-70 s on 2 cores (35 per setting), a 6x6 FrozenLake run much longer.
-#   `STUDY_ANALYSE_ONLY=1` trains nothing and analyses the (setting, method) pairs whose every seed
-#   is in the results file.
+#   `STUDY_METHODS=a,b` trains only those methods (a second process beside a running one). The
+#   table, tests and figure always cover every (setting, method) whose every seed is in the results
+#   file, whatever the launch trained; `STUDY_ANALYSE_ONLY=1` trains nothing and only analyses.
 # * CI size: `SMALL=1 python notebooks/credit_comparison.py`
 # * as a notebook: `jupytext --to ipynb --execute notebooks/credit_comparison.py`.
 #
