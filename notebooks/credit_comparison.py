@@ -40,8 +40,9 @@
 #   `STUDY_SETTINGS=dd_chain_t32_m2,...` picks settings. The results JSON is rewritten after every
 #   run and read back on the next start, so the benchmark can be finished in parts. A chain run
 #   takes about 55-70 s on 2 cores (35 per setting), a 6x6 FrozenLake run much longer.
-#   `STUDY_METHODS=a,b` trains only those methods (a second process beside a running one). The
-#   table, tests and figure always cover every (setting, method) whose every seed is in the results
+#   `STUDY_METHODS=a,b` trains only those methods and `STUDY_SEEDS=3,4` only those seeds (a
+#   second process beside a running one, on runs the first will not reach first). The table,
+#   tests and figure always cover every (setting, method) whose every seed is in the results
 #   file, whatever the launch trained; `STUDY_ANALYSE_ONLY=1` trains nothing and only analyses.
 # * CI size: `SMALL=1 python notebooks/credit_comparison.py`
 # * as a notebook: `jupytext --to ipynb --execute notebooks/credit_comparison.py`.
@@ -125,8 +126,18 @@ SPECS = {env: cc.benchmark_spec(env) if BENCHMARK else SPEC for env in cc.SETTIN
 # The seeds of each setting: the benchmark runs 20 on its cheap small-batch chains, 5 elsewhere.
 # Every setting's seeds (the analysis reads all the study's finished settings, not only PLAN's).
 SEEDS_OF = {env: cc.benchmark_seeds(env) if BENCHMARK else SEEDS for env in cc.SETTINGS}
+# STUDY_SEEDS=3,4 trains only those seeds (a second process on other seeds of the same methods).
+only_seeds = os.environ.get("STUDY_SEEDS")
+TRAIN_SEEDS = {env: SEEDS_OF[env] for env in PLAN}
+if only_seeds:
+  named = {int(s) for s in only_seeds.split(",") if s.strip().isdigit()}
+  if len(named) != len(only_seeds.split(",")) or not all(
+      named <= set(SEEDS_OF[env]) for env in PLAN):
+    raise ValueError(f"STUDY_SEEDS={only_seeds!r} must name seeds of every chosen setting: "
+                     f"{ {env: SEEDS_OF[env] for env in PLAN} }")
+  TRAIN_SEEDS = {env: tuple(s for s in SEEDS_OF[env] if s in named) for env in PLAN}
 RESULTS_PATH = OUTPUT_DIR / "results" / f"{NAME}.json"
-print(f"SMALL={SMALL}  spec={SPEC}  seeds={ {env: SEEDS_OF[env] for env in PLAN} }  runs in {RUNS_DIR}  devices={jax.devices()}")
+print(f"SMALL={SMALL}  spec={SPEC}  seeds={TRAIN_SEEDS}  runs in {RUNS_DIR}  devices={jax.devices()}")
 
 # %% [markdown]
 # ## Train every (env, method, seed)
@@ -154,7 +165,7 @@ results = []
 # Seed by seed, every method of a seed in turn: a study stopped part-way leaves complete seeds
 # (pairs for the paired tests), not one method's every seed.
 for env, names in PLAN.items():
-  for seed in SEEDS_OF[env]:
+  for seed in TRAIN_SEEDS[env]:
     for name in names:
       run_start = time.time()
       if (env, name, seed) in done:

@@ -50,3 +50,16 @@ def test_a_launch_on_one_setting_rewrites_the_table_with_every_finished_setting(
   assert compared == {("dd_chain_t32_m2", "gigpo")}
   assert payload["plan"] == {"dd_chain_t32_m2": ["grpo", "gigpo"], "dd_chain_t32_m4": ["grpo"]}
   assert len(payload["runs"]) == len(runs)  # the unfinished setting's runs are kept
+
+
+def test_a_seed_outside_the_chosen_settings_stops_before_any_run(tmp_path):
+  env = dict(os.environ, STUDY_SET="benchmark", STUDY_SETTINGS="frozenlake_6x6",
+             STUDY_SEEDS="4,7", STUDY_OUTPUT_DIR=str(tmp_path),
+             STUDY_RUNS_DIR=str(tmp_path / "runs"), MPLBACKEND="Agg", JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+  env["XLA_FLAGS"] = os.environ.get("AGENTRL_JAX_TEST_COMPILE_FLAGS", "")
+  result = subprocess.run([sys.executable, str(NOTEBOOK)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode != 0
+  assert "STUDY_SEEDS='4,7' must name seeds of every chosen setting" in result.stderr
+  assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("frozenlake*"))
