@@ -256,6 +256,11 @@ def _malformed_reason(action: Any) -> str | None:
     return "action has control characters"
   if "\n" in text:
     return "one command per turn (no newlines)"
+  # The Z-machine interpreter under TextWorld reads a line that starts with a backslash as one of
+  # its own settings, and an unknown one makes it re-read that line forever (the step never
+  # returns); no game command has a backslash, so none reaches the engine.
+  if "\\" in text:
+    return "no backslashes (the interpreter would take the line as its own setting)"
   if text.split()[0].lower() in META_COMMANDS:
     return f"'{text.split()[0].lower()}' is not allowed"
   return None

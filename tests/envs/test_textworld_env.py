@@ -5,6 +5,7 @@ fast tests stay on three small coin-collector games and the many-seed checks are
 """
 
 import random
+import threading
 import time
 
 import pytest
@@ -134,6 +135,23 @@ def test_malformed_actions_get_a_clear_observation(cache_dir, action, fragment):
   result = env.step(action)
   assert fragment in result.observation
   assert result.info["action_valid"] is False and result.reward == 0.0 and not result.done
+  env.close()
+
+
+@pytest.mark.parametrize("action", ["\\rv", "\\help", "take coin \\"])
+def test_a_backslash_is_refused_before_it_reaches_the_interpreter(cache_dir, action):
+  # Sent to the engine, a line starting with a backslash is taken as an interpreter setting and
+  # re-read forever, so the step never returns: it runs in a thread here, to fail, not hang.
+  env = textworld_env.TextWorld(cache_dir=cache_dir, **COIN)
+  env.reset(0)
+  results = []
+  worker = threading.Thread(target=lambda: results.append(env.step(action)), daemon=True)
+  worker.start()
+  worker.join(timeout=60)
+  assert results, f"step({action!r}) did not return within 60 s"
+  assert "no backslashes" in results[0].observation
+  assert results[0].info["action_valid"] is False and not results[0].done
+  assert not env.step("look").done  # the game goes on
   env.close()
 
 
