@@ -368,6 +368,13 @@ def test_benchmark_specs_and_reading_back_only_runs_of_the_same_spec(tmp_path):
   assert (smaller.tasks_per_iteration, smaller.group_size, smaller.num_iterations) == (1, 4, 100)
   assert cc.benchmark_seeds("dd_chain_t32_m4") == (0, 1, 2, 3, 4)
   assert cc.benchmark_seeds("dd_chain_t32_m4_b4") == tuple(range(20))
+  # The 6x6 replication reruns GRPO and MT-GRPO on the same setting and sizes, on fresh seeds.
+  fresh = "frozenlake_6x6_fresh"
+  assert cc.SETTINGS[fresh] == cc.SETTINGS["frozenlake_6x6"]
+  assert cc.benchmark_spec(fresh) == cc.benchmark_spec("frozenlake_6x6")
+  assert not set(cc.benchmark_seeds(fresh)) & set(cc.benchmark_seeds("frozenlake_6x6"))
+  assert len(cc.benchmark_seeds(fresh)) == 5
+  assert [m.name for m in cc.METHODS if cc.applies(m, fresh)] == ["grpo", "mt_grpo"]
   with pytest.raises(ValueError, match="unknown env setting"):
     cc.benchmark_seeds("dd_chain_t64")
   for setting in cc.GATE_SETTINGS:
