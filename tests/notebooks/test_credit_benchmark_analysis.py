@@ -1,17 +1,10 @@
 """The credit benchmark notebook's analysis covers the whole results file, whatever one launch ran."""
 
 import json
-import os
-import pathlib
-import subprocess
-import sys
 
 import numpy as np
 
 from agentrl_jax.studies import credit_comparison as cc
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-NOTEBOOK = ROOT / "notebooks" / "credit_comparison.py"
 
 
 def _finished_run(setting, method, seed, spec):
@@ -23,7 +16,8 @@ def _finished_run(setting, method, seed, spec):
                       eval_success=0.5 + 0.01 * seed, grad_norm=np.ones(n))
 
 
-def test_a_launch_on_one_setting_rewrites_the_table_with_every_finished_setting(tmp_path):
+def test_a_launch_on_one_setting_rewrites_the_table_with_every_finished_setting(
+    tmp_path, launch_notebook):
   settings = ("dd_chain_t32_m2", "dd_chain_t32_m4")
   runs = [_finished_run(s, m, seed, cc.benchmark_spec(s)) for s in settings
           for m in ("grpo", "gigpo") for seed in cc.benchmark_seeds(s)]
@@ -31,13 +25,8 @@ def test_a_launch_on_one_setting_rewrites_the_table_with_every_finished_setting(
   path = tmp_path / "results" / "credit_benchmark.json"
   cc.merge_results_file(str(path), runs,
                         {s: cc.spec_record(cc.benchmark_spec(s)) for s in settings})
-  env = dict(os.environ, STUDY_SET="benchmark", STUDY_SETTINGS=settings[0],
-             STUDY_ANALYSE_ONLY="1", STUDY_OUTPUT_DIR=str(tmp_path),
-             STUDY_RUNS_DIR=str(tmp_path / "runs"), MPLBACKEND="Agg", JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-  env["XLA_FLAGS"] = os.environ.get("AGENTRL_JAX_TEST_COMPILE_FLAGS", "")
-  result = subprocess.run([sys.executable, str(NOTEBOOK)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
+  result = launch_notebook("credit_comparison", STUDY_SET="benchmark", STUDY_SETTINGS=settings[0],
+                           STUDY_ANALYSE_ONLY="1")
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   assert "all checks passed" in result.stdout
   table = (tmp_path / "results" / "credit_benchmark.md").read_text()
@@ -52,14 +41,9 @@ def test_a_launch_on_one_setting_rewrites_the_table_with_every_finished_setting(
   assert len(payload["runs"]) == len(runs)  # the unfinished setting's runs are kept
 
 
-def test_a_seed_outside_the_chosen_settings_stops_before_any_run(tmp_path):
-  env = dict(os.environ, STUDY_SET="benchmark", STUDY_SETTINGS="frozenlake_6x6",
-             STUDY_SEEDS="4,7", STUDY_OUTPUT_DIR=str(tmp_path),
-             STUDY_RUNS_DIR=str(tmp_path / "runs"), MPLBACKEND="Agg", JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-  env["XLA_FLAGS"] = os.environ.get("AGENTRL_JAX_TEST_COMPILE_FLAGS", "")
-  result = subprocess.run([sys.executable, str(NOTEBOOK)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
+def test_a_seed_outside_the_chosen_settings_stops_before_any_run(tmp_path, launch_notebook):
+  result = launch_notebook("credit_comparison", STUDY_SET="benchmark",
+                           STUDY_SETTINGS="frozenlake_6x6", STUDY_SEEDS="4,7")
   assert result.returncode != 0
   assert "STUDY_SEEDS='4,7' must name seeds of every chosen setting" in result.stderr
   assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("frozenlake*"))
