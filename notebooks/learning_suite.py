@@ -28,8 +28,8 @@
 # FrozenLake from a clone of a tenth of the steps, where RL has room to add; the table and figure cover every row with finished runs in the
 # directory. `STUDY_ANALYSE_ONLY=1` launches nothing and reports the runs finished so far (a row
 # may then have fewer than 3 seeds: the table says how many). `STUDY_SEEDS=3,4` trains those
-# seeds instead of 0-2 (a row then has as many seeds as have finished). `SMALL=1`: one seed of a few FrozenLake iterations,
-# about 70 seconds, checking the pipeline rather than the learning (one seed has no interval).
+# seeds instead of 0-2 (a row then has as many seeds as have finished). `SMALL=1`: one seed of a
+# few FrozenLake iterations, about 70 seconds, checking the pipeline rather than the learning (one seed has no interval).
 #
 # **How to run.** From the repository root:
 #

@@ -146,8 +146,16 @@ LEARNED_METHODS = ("gigpo", "mt_grpo", "ppo_turn_gae_l95")
 # A confirmatory rerun of the one held-out difference the 6x6 FrozenLake comparison found (MT-GRPO
 # above GRPO at p = 0.028, one of many comparisons): the same setting and sizes on seeds none of
 # its runs used, only the two methods in question.
-REPLICATIONS: Mapping[str, tuple[tuple[str, ...], tuple[int, ...]]] = MappingProxyType({
-    "frozenlake_6x6_fresh": (("grpo", "mt_grpo"), (5, 6, 7, 8, 9))})
+class Replication(NamedTuple):
+  """A rerun of `of` (its env and sizes) with only `methods`, on `seeds` that `of` never used."""
+
+  of: str
+  methods: tuple[str, ...]
+  seeds: tuple[int, ...]
+
+
+REPLICATIONS: Mapping[str, Replication] = MappingProxyType({
+    "frozenlake_6x6_fresh": Replication("frozenlake_6x6", ("grpo", "mt_grpo"), (5, 6, 7, 8, 9))})
 # SGD's rate on these chains: at 0.1 GRPO reached 0.9 training success at m = 4 by iteration 5
 # (Adam's median is 8), at 0.03 by iteration 10 (seed 0), leaving room for a gap.
 SGD_LEARNING_RATE = 0.03
@@ -225,7 +233,9 @@ SETTINGS: Mapping[str, Setting] = MappingProxyType({
                               max_turns=18, max_len=1280, obs_buckets=(64, 80),
                               length_buckets=(512, 896, 1280)),
 })
-SETTINGS = MappingProxyType({**SETTINGS, "frozenlake_6x6_fresh": SETTINGS["frozenlake_6x6"]})
+# A replication runs on the very setting it reruns.
+SETTINGS = MappingProxyType({**SETTINGS,
+                             **{name: SETTINGS[r.of] for name, r in REPLICATIONS.items()}})
 ENVS = SETTINGS  # the comparison's original name for them
 
 
@@ -238,7 +248,7 @@ def applies(method: Method, setting: str) -> bool:
   `GATE_SETTINGS` only `GATE_METHODS` (with `LEARNED_METHODS` on `LEARNED_SETTINGS`), and on a
   replication only the methods it reruns."""
   if setting in REPLICATIONS:
-    return method.name in REPLICATIONS[setting][0]
+    return method.name in REPLICATIONS[setting].methods
   if method.oracle_gate and SETTINGS[setting].env != "dd_chain":
     return False
   if setting in GATE_SETTINGS:
@@ -292,13 +302,15 @@ class ComparisonSpec:
 # learning rate (GRPO, GiGPO, MT-GRPO and PPO-GAE reached 0.9 training success at iteration 7-8 at
 # m = 8), so 20 iterations cover the part where speed can differ; 6x6 FrozenLake keeps 50.
 BENCHMARK_SPEC = ComparisonSpec(num_iterations=20, tasks_per_iteration=8, group_size=8)
-_BENCHMARK_ITERATIONS = MappingProxyType({"frozenlake_6x6": 50, "frozenlake_6x6_fresh": 50})
+_BENCHMARK_ITERATIONS = MappingProxyType({"frozenlake_6x6": 50})
 
 
 def benchmark_spec(setting: str) -> ComparisonSpec:
   """The credit benchmark's `ComparisonSpec` for `setting` (equal environment steps within it)."""
   if setting not in SETTINGS:
     raise ValueError(f"unknown env setting {setting!r}; known: {sorted(SETTINGS)}")
+  if setting in REPLICATIONS:
+    return benchmark_spec(REPLICATIONS[setting].of)
   iterations = _BENCHMARK_ITERATIONS.get(setting, BENCHMARK_SPEC.num_iterations)
   spec = dataclasses.replace(BENCHMARK_SPEC, num_iterations=iterations)
   if setting in SGD_CHAINS:
@@ -317,7 +329,7 @@ def benchmark_seeds(setting: str) -> tuple[int, ...]:
   if setting not in SETTINGS:
     raise ValueError(f"unknown env setting {setting!r}; known: {sorted(SETTINGS)}")
   if setting in REPLICATIONS:
-    return REPLICATIONS[setting][1]
+    return REPLICATIONS[setting].seeds
   return tuple(range(20 if setting in SMALL_BATCHES else 5))
 
 
