@@ -138,6 +138,11 @@ class WarmStartConfig:
     learning_rate: constant SFT learning rate.
     micro_batches: slices of the demonstration batch whose gradients are accumulated one at a
       time (the step is the whole batch's; peak memory is one slice's activations).
+    temperature: the softmax temperature of the distribution cloned. None: the sampler's, so
+      the clone fits the tempered policy that RL samples (sampling at 0.5 after such a clone
+      draws about what sampling at 1 after an untempered one draws). 1.0: the model's own
+      softmax, as SFT before RL usually is, so a lower sampling temperature in RL samples a
+      sharper policy than the one cloned. Greedy actions are the same either way.
   """
 
   iterations: int = 0
@@ -145,6 +150,7 @@ class WarmStartConfig:
   expert_noise: float = 0.3
   learning_rate: float = 1e-3
   micro_batches: int = 1
+  temperature: float | None = None
 
   def __post_init__(self):
     config_errors.check_field_types(self)
@@ -153,6 +159,9 @@ class WarmStartConfig:
                        f"{self.iterations}, {self.episodes_per_iteration}")
     if not 0 <= self.expert_noise <= 1:
       raise ValueError(f"WarmStartConfig.expert_noise must be in [0, 1], got {self.expert_noise}")
+    if self.temperature is not None and not self.temperature > 0:
+      raise ValueError(f"WarmStartConfig.temperature must be > 0 or None (the sampler's), got "
+                       f"{self.temperature}")
     if self.micro_batches < 1 or self.episodes_per_iteration % self.micro_batches:
       raise ValueError(f"WarmStartConfig.micro_batches must be >= 1 and divide "
                        f"episodes_per_iteration={self.episodes_per_iteration}, got "

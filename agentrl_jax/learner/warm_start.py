@@ -23,10 +23,15 @@ SEED_BASE = 500_000_000
 
 def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_env, allowed,
                       temperature, model, writer, device_mesh=None, *, conversation=None):
-  """Behaviour cloning on noisy scripted-expert episodes; returns the state with new policy params."""
+  """Behaviour cloning on noisy scripted-expert episodes; returns the state with new policy params.
+
+  `temperature` is the sampler's; `warm_start.temperature`, where set, is the one cloned.
+  """
   optimizer = optax.adam(warm_start.learning_rate)
   sft = step_lib.make_sft_fn(policy_graphdef=graphdef, optimizer=optimizer, allowed=allowed,
-                             temperature=temperature, max_actions=assembly.max_actions(rollout),
+                             temperature=(temperature if warm_start.temperature is None
+                                          else warm_start.temperature),
+                             max_actions=assembly.max_actions(rollout),
                              micro_batches=warm_start.micro_batches)
   demo_runner = loop_lib.RolloutRunner(graphdef, model, tok, rollout, conversation)
   actor = loop_lib.noisy_expert(warm_start.expert_noise)

@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 
 from agentrl_jax.learner import configs
 from agentrl_jax.learner import learner
@@ -12,20 +13,21 @@ from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
 
 
-def _build(warm_start_iterations=2):
+def _build(warm_start_iterations=2, sampling_temperature=1.0, clone_temperature=None):
   return learner.build(
       config=configs.TrainConfig(env_name="dd_chain", env_kwargs={"horizon": 4, "num_decisions": 2},
                                  num_iterations=2, tasks_per_iteration=2, group_size=2),
       model=transformer.TransformerConfig(vocab_size=1, num_layers=1, d_model=32, num_heads=4,
                                           mlp_dim=64, max_turns=8),
       rollout=loop_lib.RolloutConfig(max_turns=4, max_len=128, obs_buckets=(32,),
-                                     sampling=sampler_lib.SamplingConfig()),
+                                     sampling=sampler_lib.SamplingConfig(
+                                         temperature=sampling_temperature)),
       # The entropy bonus moves the policy even when every reward of the tiny batch is 0.
       loss=step_lib.LossConfig(kl_coef=0.1, micro_batches=2, entropy_coef=0.1),
       optim=configs.OptimConfig(learning_rate=3e-2),
       warm_start=configs.WarmStartConfig(iterations=warm_start_iterations, episodes_per_iteration=8,
-                                         micro_batches=2,
-                                         learning_rate=3e-2),
+                                         micro_batches=2, learning_rate=3e-2,
+                                         temperature=clone_temperature),
       evaluation=configs.EvalConfig(every=100, num_tasks=2, pass_k=0))
 
 
@@ -66,3 +68,29 @@ def test_kl_reference_without_a_warm_start_is_the_initial_policy_in_its_own_buff
     assert any(not np.array_equal(a, b) for a, b in zip(_leaves(state.policy_params), initial))
   finally:
     run.method.close()
+
+
+def _clone(tmp_path, **temperatures):
+  run = _build(**temperatures)
+  try:
+    writer = metrics_lib.MetricsWriter(str(tmp_path), process_index=0)
+    state = run.warm_start(run.state, writer)
+    writer.close()
+    return _leaves(state.policy_params)
+  finally:
+    run.method.close()
+
+
+def test_clone_temperature_decides_the_distribution_cloned_not_the_sampler(tmp_path):
+  # The demonstrations come from the expert, so only the cloned distribution can differ.
+  untempered = _clone(tmp_path / "a", sampling_temperature=1.0)
+  pinned = _clone(tmp_path / "b", sampling_temperature=0.5, clone_temperature=1.0)
+  tempered = _clone(tmp_path / "c", sampling_temperature=0.5)
+  for a, b in zip(untempered, pinned):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  assert any(not np.allclose(a, c, rtol=1e-3, atol=1e-5) for a, c in zip(untempered, tempered))
+
+
+def test_clone_temperature_must_be_positive():
+  with pytest.raises(ValueError, match="WarmStartConfig.temperature must be > 0"):
+    configs.WarmStartConfig(temperature=0.0)
