@@ -65,10 +65,28 @@ def global_batch(traj: types.Trajectories, device_mesh) -> types.Trajectories:
   return multihost.global_batch(align_over_hosts(traj), device_mesh)
 
 
+def tied_group_fraction(group_id: np.ndarray, outcome: np.ndarray) -> float:
+  """The fraction of groups of ≥ 2 episodes whose outcomes are all equal (0 without such groups).
+
+  A group-relative baseline (GRPO, RLOO, Dr.GRPO) gives every episode of a tied group zero
+  advantage, so a batch of tied groups carries no outcome gradient: every task already solved, or
+  none of its samples solving it (DAPO's dynamic sampling drops such groups for that reason).
+  """
+  order = np.argsort(group_id, kind="stable")
+  ids, scores = np.asarray(group_id)[order], np.asarray(outcome, np.float64)[order]
+  starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+  sizes = np.diff(np.r_[starts, len(ids)])
+  if not len(ids) or not (sizes > 1).any():
+    return 0.0
+  tied = np.maximum.reduceat(scores, starts) == np.minimum.reduceat(scores, starts)
+  return float(tied[sizes > 1].mean())
+
+
 def iteration_metrics(traj: types.Trajectories, stats: loop_lib.RolloutStats) -> dict[str, float]:
   """Metrics of the whole batch: every host's rows and counters are combined first."""
   rows = multihost.gather_rows({"success": traj.success.astype(np.float32),
                                 "outcome": traj.outcome.astype(np.float32),
+                                "group": traj.group_id.astype(np.int32),
                                 "turns": traj.turn_mask.sum(axis=1).astype(np.float32)})
   counters = ("episodes", "turns", "sampled_tokens", "env_errors", "env_timeouts",
               "invalid_actions", "truncated", "budget_truncated", "stop_string_cuts")
@@ -79,5 +97,6 @@ def iteration_metrics(traj: types.Trajectories, stats: loop_lib.RolloutStats) ->
       "train/success": float(np.mean(rows["success"])),
       "train/outcome": float(np.mean(rows["outcome"])),
       "train/turns": float(np.mean(rows["turns"])),
+      "train/tied_groups": tied_group_fraction(rows["group"], rows["outcome"]),
       **combined.as_metrics(),
   }

@@ -75,6 +75,8 @@ def test_one_batch_ahead_samples_with_the_policy_before_the_update(tmp_path):
   assert [r["rollout/policy_lag"] for r in ahead] == [0, 1, 1]
   # Batch 1 is played by the initial policy in both runs, so it is the same batch.
   assert ahead[0]["train/outcome"] == sync[0]["train/outcome"]
+  assert ahead[0]["train/tied_groups"] == sync[0]["train/tied_groups"]
+  assert all(0 <= r["train/tied_groups"] <= 1 for r in sync)
   assert ahead[0]["loss/policy"] == pytest.approx(sync[0]["loss/policy"], rel=1e-5)
   # Synchronous batches come from the policy that trains on them: every weight is 1 up to
   # numerics. One update stale, they are not, and the correction reweights them.
