@@ -17,8 +17,7 @@ from agentrl_jax.studies import binomial
 
 # Training metrics kept in the summary's curve, when a record has them.
 CURVE_KEYS = ("train/success", "train/tied_groups", "rollout/invalid_action_rate", "loss/entropy",
-              "loss/kl",
-              "rollout/action_tokens_per_turn", "time/iteration_s", "memory/peak_rss_gb")
+              "loss/kl", "rollout/action_tokens_per_turn", "time/iteration_s", "memory/peak_rss_gb")
 INTERVAL_NOTE = ("exact 95% Clopper-Pearson interval over the held-out tasks; the change from the "
                  "start with Newcombe's 95% interval for a difference of two rates")
 
