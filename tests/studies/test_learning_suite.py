@@ -3,10 +3,12 @@
 import json
 import subprocess
 
+import gin
 import jax
 import numpy as np
 import pytest
 
+from agentrl_jax import config_errors
 from agentrl_jax.studies import learning_suite as ls
 
 
@@ -208,3 +210,18 @@ def test_code_version_names_the_checkout_commit_and_the_numeric_packages():
   else:
     assert got["commit"] is None and got["dirty"] is None
   assert got["packages"]["jax"] == jax.__version__ and got["packages"]["numpy"] == np.__version__
+
+
+@pytest.mark.parametrize("set_name", sorted(ls.SETS))
+def test_every_runs_bindings_parse_against_its_config(set_name, tmp_path):
+  # A misspelt binding would otherwise surface only when that run is launched, minutes in.
+  for spec in ls.SETS[set_name]:
+    argv = spec.argv(0, str(tmp_path))
+    files = [a.removeprefix("--gin_file=") for a in argv if a.startswith("--gin_file=")]
+    bindings = [a.removeprefix("--gin_bindings=") for a in argv if a.startswith("--gin_bindings=")]
+    gin.clear_config()
+    try:
+      config_errors.parse_config(files, bindings,
+                                 default_imports=("from agentrl_jax.learner import learner",))
+    finally:
+      gin.clear_config()
