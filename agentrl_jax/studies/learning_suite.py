@@ -128,6 +128,7 @@ RL_SHARE: tuple[EnvRun, ...] = (
         "configs.WarmStartConfig.iterations = 50", "configs.TrainConfig.num_iterations = 60",
         *SHARP_SAMPLING)),
     EnvRun(env="negotiation_sharp", gin_file="negotiation_grpo.gin", bindings=SHARP_SAMPLING),
+    EnvRun(env="search_qa_sharp", gin_file="search_qa_grpo.gin", bindings=SHARP_SAMPLING),
     EnvRun(env="textworld_express_clone100", gin_file="textworld_express_coin_grpo.gin",
            bindings=("configs.WarmStartConfig.iterations = 100",
                      "configs.TrainConfig.num_iterations = 40", "configs.EvalConfig.every = 10",
@@ -319,23 +320,29 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
 # The plain-GRPO row a method row of another env is paired with (at the same final iteration).
 _ENV_OF_METHOD = MappingProxyType({"gca_search_qa": "search_qa", "t1_terminal": "terminal",
                                    "progress_sql": "sql", "socialrl_dialogue": "negotiation"})
+# RL-share rows that keep their env row's clone and budget and change only how RL samples: each
+# seed's clone is the env row's, so the pairing isolates the sampling.
+_ENV_OF_VARIANT = MappingProxyType({"negotiation_sharp": "negotiation",
+                                    "search_qa_sharp": "search_qa"})
 GRPO_GIN = "quickstart.gin"  # the FrozenLake GRPO rows' config
 
 
 def grpo_row_of(env: str, summary: Mapping[str, Any]) -> str | None:
-  """The plain-GRPO row `env`'s method row compares with: the same env, warm start and budget.
+  """The plain-GRPO row `env`'s method (or sampling-variant) row compares with: the same env,
+  warm start and budget.
 
   FrozenLake method rows pair with the quickstart row whose curve ends at the same iteration
   (`frozenlake` at 100, `grpo_frozenlake_<n>` at n); the other envs' with their env row when its
   budget is the same. None where that row has not been run (or `env` is not a method row).
   """
-  if env not in METHOD_CONFIGS or summary.get(env, {}).get("curve") is None:
+  if env not in (*METHOD_CONFIGS, *_ENV_OF_VARIANT) or summary.get(env, {}).get("curve") is None:
     return None
   last = summary[env]["curve"]["iteration"][-1]
+  of = {**_ENV_OF_METHOD, **_ENV_OF_VARIANT}.get(env)
   if env.endswith("_frozenlake"):
     candidates = [name for name, s in summary.items() if s["gin_file"] == GRPO_GIN]
   else:
-    candidates = [_ENV_OF_METHOD[env]] if _ENV_OF_METHOD.get(env) in summary else []
+    candidates = [of] if of in summary else []
   for name in candidates:
     curve = summary[name]["curve"]
     if curve is not None and curve["iteration"][-1] == last:

@@ -112,6 +112,17 @@ def test_method_rows_pair_with_the_grpo_row_of_their_budget():
   assert "+0.070 [" in ls.table(summary) and "vs frozenlake |" in ls.table(summary)
 
 
+def test_a_sampling_variant_pairs_with_its_env_row_on_the_same_clones():
+  results = [fake_result("negotiation", s, 0.0, 0.3 + 0.1 * s, 0.3 + 0.1 * s) for s in range(3)]
+  results += [fake_result("negotiation_sharp", s, 0.0, 0.3 + 0.1 * s, 0.45 + 0.1 * s)
+              for s in range(3)]
+  summary = ls.summarize(results)
+  got = summary["negotiation_sharp"]["against_grpo"]
+  assert (got["baseline"], got["measure"], got["n"]) == ("negotiation", "after_rl", 3)
+  assert got["mean"] == pytest.approx(0.15)
+  assert summary["negotiation"]["against_grpo"] is None
+
+
 def test_one_seed_has_no_interval_and_writes_valid_json():
   got = ls.interval([0.4])
   assert (got["mean"], got["low"], got["high"], got["n"]) == (0.4, None, None, 1)
