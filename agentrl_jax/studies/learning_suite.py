@@ -325,6 +325,7 @@ _ENV_OF_METHOD = MappingProxyType({"gca_search_qa": "search_qa", "t1_terminal": 
 # seed's clone is the env row's, so the pairing isolates the sampling.
 _ENV_OF_VARIANT = MappingProxyType({"negotiation_sharp": "negotiation",
                                     "search_qa_sharp": "search_qa"})
+_ENV_ROW_OF = MappingProxyType({**_ENV_OF_METHOD, **_ENV_OF_VARIANT})
 GRPO_GIN = "quickstart.gin"  # the FrozenLake GRPO rows' config
 
 
@@ -339,11 +340,10 @@ def grpo_row_of(env: str, summary: Mapping[str, Any]) -> str | None:
   if env not in (*METHOD_CONFIGS, *_ENV_OF_VARIANT) or summary.get(env, {}).get("curve") is None:
     return None
   last = summary[env]["curve"]["iteration"][-1]
-  of = {**_ENV_OF_METHOD, **_ENV_OF_VARIANT}.get(env)
   if env.endswith("_frozenlake"):
     candidates = [name for name, s in summary.items() if s["gin_file"] == GRPO_GIN]
   else:
-    candidates = [of] if of in summary else []
+    candidates = [_ENV_ROW_OF[env]] if _ENV_ROW_OF.get(env) in summary else []
   for name in candidates:
     curve = summary[name]["curve"]
     if curve is not None and curve["iteration"][-1] == last:
