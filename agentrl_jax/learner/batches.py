@@ -15,6 +15,7 @@ import numpy as np
 from agentrl_jax import types
 from agentrl_jax.parallel import multihost
 from agentrl_jax.parallel import rules as rules_lib
+from agentrl_jax.rollout import groups as groups_lib
 from agentrl_jax.rollout import loop as loop_lib
 
 
@@ -72,14 +73,9 @@ def tied_group_fraction(group_id: np.ndarray, outcome: np.ndarray) -> float:
   advantage, so a batch of tied groups carries no outcome gradient: every task already solved, or
   none of its samples solving it (DAPO's dynamic sampling drops such groups for that reason).
   """
-  order = np.argsort(group_id, kind="stable")
-  ids, scores = np.asarray(group_id)[order], np.asarray(outcome, np.float64)[order]
-  starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-  sizes = np.diff(np.r_[starts, len(ids)])
-  if not len(ids) or not (sizes > 1).any():
-    return 0.0
-  tied = np.maximum.reduceat(scores, starts) == np.minimum.reduceat(scores, starts)
-  return float(tied[sizes > 1].mean())
+  groups = groups_lib.groups_of(group_id, outcome)
+  counted = groups.tied[groups.size > 1]
+  return float(counted.mean()) if counted.size else 0.0
 
 
 def iteration_metrics(traj: types.Trajectories, stats: loop_lib.RolloutStats) -> dict[str, float]:

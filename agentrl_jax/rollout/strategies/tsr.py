@@ -37,6 +37,7 @@ from agentrl_jax import config_errors
 from agentrl_jax import extra_keys
 from agentrl_jax import types
 from agentrl_jax.envs import base as envs_base
+from agentrl_jax.rollout import groups as groups_lib
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import workers as workers_lib
 from agentrl_jax.rollout.strategies import common
@@ -400,10 +401,7 @@ class FilterInstances:
 def informative_groups(group_id: np.ndarray, outcome: np.ndarray, success: np.ndarray,
                        success_low: float, success_high: float) -> np.ndarray:
   """[B] bool: the row's group has unequal returns and success rate in (low, high)."""
-  kept = np.zeros(group_id.shape, bool)
-  for g in np.unique(group_id):
-    rows = group_id == g
-    rate = float(np.mean(success[rows]))
-    varied = np.ptp(outcome[rows]) > 0
-    kept[rows] = varied and success_low < rate < success_high
-  return kept
+  groups = groups_lib.groups_of(group_id, outcome)
+  rate = groups_lib.group_mean(groups, success)
+  kept = ~groups.tied & (success_low < rate) & (rate < success_high)
+  return kept[groups.index]
