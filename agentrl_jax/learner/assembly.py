@@ -262,9 +262,11 @@ def abstract_graphdef(model: transformer.TransformerConfig, seed: int):
 
 def initial_state(policy_params, *, model, critic_cfg, seed: int, policy_opt, critic_opt,
                    keep_ref: bool, lora: lora_lib.LoRAConfig | None = None,
-                   critic_from_policy: bool = False) -> types.ActorCriticState:
+                   critic_from_policy: bool = False,
+                   weights_seed: int | None = None) -> types.ActorCriticState:
   """Step 0 of a run (under jit on a mesh, so it is created sharded); `policy_params` are loaded
-  weights, or None to initialise them from `seed`.
+  weights, or None to initialise them from `weights_seed` (None: `seed`, which also seeds the
+  state's sampling key).
 
   With `lora`, `policy_params` is the frozen base (required) and the state's policy params are
   fresh adapters on it (`lora.init_adapters`, the adapted model starting equal to the base): the
@@ -272,18 +274,19 @@ def initial_state(policy_params, *, model, critic_cfg, seed: int, policy_opt, cr
   is the base itself (`step.make_update_fn(lora=...)` takes it beside the state).
   With `critic_from_policy` the critic is `critic.critic_from_policy` of the policy weights.
   """
+  weights_seed = seed if weights_seed is None else weights_seed
   if lora is not None:
     if policy_params is None:
       raise ValueError("initial_state: a LoRA state needs its base parameters")
-    policy_params, keep_ref = lora_lib.init_adapters(policy_params, lora, seed), False
+    policy_params, keep_ref = lora_lib.init_adapters(policy_params, lora, weights_seed), False
   elif policy_params is None:
-    policy_params = transformer.create(model, seed)[1]
+    policy_params = transformer.create(model, weights_seed)[1]
   if critic_cfg is None:
     critic_params = None
   elif critic_from_policy:
     critic_params = critic_lib.critic_from_policy(model, policy_params)[1]
   else:
-    critic_params = transformer.create(critic_cfg, seed + 1)[1]
+    critic_params = transformer.create(critic_cfg, weights_seed + 1)[1]
   return types.ActorCriticState(
       step=jnp.zeros((), jnp.int32), rng=jax.random.key_data(jax.random.key(seed)),
       policy_params=policy_params, policy_opt_state=policy_opt.init(policy_params),

@@ -16,6 +16,9 @@ class TrainConfig:
   Attributes:
     env_name, env_kwargs: the registered environment and its constructor arguments.
     seed: run seed (parameters, sampling keys).
+    init_seed: the seed of the initial weights and of the warm start's demonstration noise;
+      None: `seed`. Fixing it while `seed` varies trains several RL seeds from one starting
+      policy (one clone), so the seeds' spread after RL is RL's own, not the clones'.
     num_iterations: RL iterations (collect → score → update).
     tasks_per_iteration: distinct tasks (episode seeds) per iteration.
     group_size: episodes per task; a task's episodes form one group (GRPO-style baselines).
@@ -49,6 +52,7 @@ class TrainConfig:
   env_name: str = "frozenlake"
   env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
   seed: int = 0
+  init_seed: int | None = None
   num_iterations: int = 100
   tasks_per_iteration: int = 16
   group_size: int = 8
@@ -75,10 +79,18 @@ class TrainConfig:
       raise ValueError(f"TrainConfig.num_iterations must be >= 0, got {self.num_iterations}")
     if self.example_turns < 0:
       raise ValueError(f"TrainConfig.example_turns must be >= 0, got {self.example_turns}")
+    if self.init_seed is not None and self.init_seed < 0:
+      raise ValueError(f"TrainConfig.init_seed must be >= 0 or None (the run's seed), got "
+                       f"{self.init_seed}")
 
   @property
   def batch_size(self) -> int:
     return self.tasks_per_iteration * self.group_size
+
+  @property
+  def weights_seed(self) -> int:
+    """The seed the initial weights and the warm start's demonstrations are drawn from."""
+    return self.seed if self.init_seed is None else self.init_seed
 
 
 OPTIMIZERS = ("adamw", "sgd")

@@ -153,17 +153,19 @@ def build(*, config: configs.TrainConfig = configs.TrainConfig(),
   critic_opt = assembly.make_optimizer(critic_optim, config.num_iterations * updates_per_iteration) if config.use_critic else None
   init = functools.partial(assembly.initial_state, model=model, critic_cfg=critic_cfg, seed=config.seed,
                            policy_opt=policy_opt, critic_opt=critic_opt, keep_ref=loss.kl_coef > 0,
-                           lora=lora, critic_from_policy=critic_from_policy)
+                           lora=lora, critic_from_policy=critic_from_policy,
+                           weights_seed=config.weights_seed)
   lora_policy = None
   if lora is not None:
     if warm_start.iterations:
       raise config_errors.ConfigError(
           "learner.train.lora: the behaviour-cloning warm start trains whole weights; set "
           "WarmStartConfig.iterations = 0 with LoRA")
-    base = loaded_params if loaded_params is not None else _seed_base(model, config.seed,
-                                                                     device_mesh, rules)
-    lora_policy = LoRAPolicy(config=lora, base=base,
-                             source=init_from or f"seed {config.seed} ({model.num_layers} layers)")
+    base = loaded_params if loaded_params is not None else _seed_base(
+        model, config.weights_seed, device_mesh, rules)
+    lora_policy = LoRAPolicy(
+        config=lora, base=base,
+        source=init_from or f"seed {config.weights_seed} ({model.num_layers} layers)")
     loaded_params = base  # what initial_state puts the adapters on
   if device_mesh is None:
     state = init(loaded_params)

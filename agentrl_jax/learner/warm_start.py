@@ -42,7 +42,7 @@ def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_en
     rows = range(share.start, share.stop)
     seeds = [SEED_BASE + i * n + j for j in rows]
     # One generator per demonstration, keyed by its global index: the same demos on any host count.
-    actor_rngs = [np.random.default_rng((config.seed, i, j)) for j in rows]
+    actor_rngs = [np.random.default_rng((config.weights_seed, i, j)) for j in rows]
     traj, _ = demo_runner.collect([make_env() for _ in seeds], seeds, list(rows), actor=actor,
                                   actor_rng=actor_rngs)
     params, opt_state, m = sft(params, opt_state, batches.global_batch(traj, device_mesh))

@@ -41,7 +41,7 @@ def resolve(config: configs.TrainConfig, model: transformer.TransformerConfig | 
     resolved = assembly.resolve(config, model, rollout, loss, tokenizer_path)
   except (ValueError, TypeError, FileNotFoundError) as e:
     raise config_errors.ConfigError(f"{type(e).__name__}: {e}") from e
-  graphdef, params = transformer.create(resolved.model, config.seed)
+  graphdef, params = transformer.create(resolved.model, config.weights_seed)
   return assembly.build_run(resolved, graphdef), params
 
 

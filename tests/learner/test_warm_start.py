@@ -13,10 +13,12 @@ from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
 
 
-def _build(warm_start_iterations=2, sampling_temperature=1.0, clone_temperature=None):
+def _build(warm_start_iterations=2, sampling_temperature=1.0, clone_temperature=None, seed=0,
+           init_seed=None):
   return learner.build(
       config=configs.TrainConfig(env_name="dd_chain", env_kwargs={"horizon": 4, "num_decisions": 2},
-                                 num_iterations=2, tasks_per_iteration=2, group_size=2),
+                                 num_iterations=2, tasks_per_iteration=2, group_size=2,
+                                 seed=seed, init_seed=init_seed),
       model=transformer.TransformerConfig(vocab_size=1, num_layers=1, d_model=32, num_heads=4,
                                           mlp_dim=64, max_turns=8),
       rollout=loop_lib.RolloutConfig(max_turns=4, max_len=128, obs_buckets=(32,),
@@ -70,13 +72,14 @@ def test_kl_reference_without_a_warm_start_is_the_initial_policy_in_its_own_buff
     run.method.close()
 
 
-def _clone(tmp_path, **temperatures):
-  run = _build(**temperatures)
+def _clone(tmp_path, with_key=False, **kwargs):
+  run = _build(**kwargs)
   try:
+    key = np.asarray(run.state.rng)
     writer = metrics_lib.MetricsWriter(str(tmp_path), process_index=0)
     state = run.warm_start(run.state, writer)
     writer.close()
-    return _leaves(state.policy_params)
+    return (_leaves(state.policy_params), key) if with_key else _leaves(state.policy_params)
   finally:
     run.method.close()
 
@@ -94,3 +97,21 @@ def test_clone_temperature_decides_the_distribution_cloned_not_the_sampler(tmp_p
 def test_clone_temperature_must_be_positive():
   with pytest.raises(ValueError, match="WarmStartConfig.temperature must be > 0"):
     configs.WarmStartConfig(temperature=0.0)
+
+
+def test_init_seed_fixes_the_clone_while_the_run_seed_keys_sampling(tmp_path):
+  # The demonstrations' action noise (expert_noise 0.3) and the initial weights both follow it.
+  fixed_0, key_0 = _clone(tmp_path / "a", with_key=True, seed=0, init_seed=7)
+  fixed_1, key_1 = _clone(tmp_path / "b", with_key=True, seed=1, init_seed=7)
+  own_7 = _clone(tmp_path / "c", seed=7)
+  own_1 = _clone(tmp_path / "d", seed=1)
+  for a, b, c in zip(fixed_0, fixed_1, own_7):
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, c)
+  assert any(not np.array_equal(a, d) for a, d in zip(fixed_1, own_1))
+  assert not np.array_equal(key_0, key_1)  # RL's sampling still follows the run's seed
+
+
+def test_init_seed_must_be_a_non_negative_int():
+  with pytest.raises(ValueError, match="TrainConfig.init_seed"):
+    configs.TrainConfig(init_seed=-1)
