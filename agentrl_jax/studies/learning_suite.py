@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from agentrl_jax.studies import binomial
 from agentrl_jax.studies import fits
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -131,6 +132,13 @@ RL_SHARE: tuple[EnvRun, ...] = (
            bindings=("configs.WarmStartConfig.iterations = 100",
                      "configs.TrainConfig.num_iterations = 40", "configs.EvalConfig.every = 10",
                      *SHARP_SAMPLING)),
+    EnvRun(env="sql_clone150", gin_file="sql_grpo.gin", bindings=(
+        "configs.WarmStartConfig.iterations = 150", "configs.TrainConfig.num_iterations = 30",
+        *SHARP_SAMPLING)),
+    EnvRun(env="terminal_clone50_t07", gin_file="terminal_grpo.gin", bindings=(
+        "configs.WarmStartConfig.iterations = 50", "configs.TrainConfig.num_iterations = 60",
+        "configs.WarmStartConfig.temperature = 1.0", "sampler.SamplingConfig.temperature = 0.7",
+        "step.LossConfig.entropy_coef = 0.0")),
     # The env rows' own clones and budgets, only RL's sampling sharper (paired with the env row).
     EnvRun(env="negotiation_sharp", gin_file="negotiation_grpo.gin", bindings=SHARP_SAMPLING),
     EnvRun(env="search_qa_sharp", gin_file="search_qa_grpo.gin", bindings=SHARP_SAMPLING),
@@ -179,7 +187,8 @@ def read_run(workdir: str | os.PathLike[str]) -> dict[str, Any]:
   Raises:
     ValueError: the run wrote no final evaluation (it has not finished).
   """
-  rows = [json.loads(line) for line in open(pathlib.Path(workdir) / "metrics.jsonl")]
+  workdir = pathlib.Path(workdir)
+  rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
   before = warm = None
   curve: list[list[float]] = []
   for row in rows:
@@ -193,7 +202,19 @@ def read_run(workdir: str | os.PathLike[str]) -> dict[str, Any]:
     raise ValueError(f"{workdir}: no evaluation before training or after it in metrics.jsonl")
   start = warm if warm is not None else before
   return {"before": before, "warm_start": warm, "after": curve[-1][1],
-          "curve": [[0, start], *curve], "iterations": curve[-1][0]}
+          "curve": [[0, start], *curve], "iterations": curve[-1][0],
+          "num_tasks": _held_out_tasks(workdir)}
+
+
+def _held_out_tasks(workdir: pathlib.Path) -> int | None:
+  """`EvalConfig.num_tasks` as the run's operative config recorded it (None without one)."""
+  path = workdir / "operative_config.gin"
+  if not path.exists():
+    return None
+  for line in path.read_text().splitlines():
+    if line.startswith("configs.EvalConfig.num_tasks = "):
+      return int(line.rsplit("=", 1)[1])
+  return None
 
 
 def run_one(spec: EnvRun, seed: int, runs_dir: str | os.PathLike[str], *,
@@ -300,11 +321,13 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
       band = {"iteration": iterations, "mean": mean.tolist(),
               "low": None if one else low.tolist(), "high": None if one else high.tolist()}
     before = interval([r["before"] for r in runs])
-    warm = interval([r["warm_start"] for r in runs])
+    one_clone = is_one_clone(runs)
+    warm = clone_interval(runs[0]) if one_clone else interval([r["warm_start"] for r in runs])
     after = interval([r["after"] for r in runs])
     start = warm or before
     summary[env] = {
         "seeds": [r["seed"] for r in runs], "gin_file": runs[0]["gin_file"],
+        "one_clone": one_clone,
         "untrained": before, "warm_start": warm, "after_rl": after, "curve": band,
         # The goals: above the untrained policy, and RL above its starting point, each with
         # intervals that do not overlap.
@@ -316,6 +339,29 @@ def summarize(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     baseline = grpo_row_of(env, summary)
     summary[env]["against_grpo"] = baseline and paired_difference(results, env, baseline)
   return summary
+
+
+def is_one_clone(runs: Sequence[dict[str, Any]]) -> bool:
+  """Whether every seed of the row started from one clone (`TrainConfig.init_seed` bound)."""
+  return any(b.replace(" ", "").startswith("configs.TrainConfig.init_seed=")
+             for b in runs[0]["bindings"])
+
+
+def clone_interval(run: Mapping[str, Any]) -> dict[str, Any]:
+  """The one clone's held-out success with its exact binomial 95% interval over the tasks.
+
+  Every seed of a one-clone row starts from the same policy, so the seeds show no spread of the
+  start; what is uncertain about it is the finite task sample, which this interval measures.
+
+  Raises:
+    ValueError: the run's held-out task count was not recorded.
+  """
+  n = run.get("num_tasks")
+  if not n:
+    raise ValueError(f"{run['env']} seed {run['seed']}: one-clone row without num_tasks")
+  k = round(run["warm_start"] * n)
+  low, high = binomial.clopper_pearson(k, n)
+  return {"mean": k / n, "low": low, "high": high, "n": 1, "over": f"{n} held-out tasks"}
 
 
 # The plain-GRPO row a method row of another env is paired with (at the same final iteration).
@@ -436,7 +482,8 @@ def table(summary: dict[str, Any]) -> str:
       return "—"
     if x["low"] is None:
       return f"{x['mean']:.3f} (one seed)"
-    return f"{x['mean']:.3f} [{x['low']:.3f}, {x['high']:.3f}]"
+    over = f" (one clone; over its {x['over']})" if "over" in x else ""
+    return f"{x['mean']:.3f} [{x['low']:.3f}, {x['high']:.3f}]{over}"
   def paired(x, versus=""):
     return "—" if x is None else f"{x['mean']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]{versus}"
   lines = ["| env | seeds | untrained | after warm start | after RL | RL − its start, paired | "

@@ -1,6 +1,7 @@
 """The learning suite's bookkeeping: reading a run's metrics, intervals over seeds, resuming."""
 
 import json
+import math
 import subprocess
 
 import gin
@@ -236,3 +237,32 @@ def test_every_runs_bindings_parse_against_its_config(set_name, tmp_path):
                                  default_imports=("from agentrl_jax.learner import learner",))
     finally:
       gin.clear_config()
+
+
+def test_read_run_records_the_held_out_task_count(tmp_path):
+  write_metrics(tmp_path, run_rows(0.0, 0.4, [(5, 0.5)]))
+  assert ls.read_run(tmp_path)["num_tasks"] is None
+  (tmp_path / "operative_config.gin").write_text(
+      "configs.EvalConfig.every = 15\nconfigs.EvalConfig.num_tasks = 200\n")
+  assert ls.read_run(tmp_path)["num_tasks"] == 200
+
+
+def test_a_one_clone_row_measures_its_start_over_the_tasks_not_the_seeds():
+  # Every seed starts from the clone at 81 / 200; the seeds' spread of the start is zero.
+  results = [{**fake_result("one", s, 0.0, 0.405, a), "num_tasks": 200,
+              "bindings": ["configs.TrainConfig.init_seed = 0"]}
+             for s, a in enumerate([0.50, 0.52, 0.49, 0.51])]
+  summary = ls.summarize(results)["one"]
+  low, high = summary["warm_start"]["low"], summary["warm_start"]["high"]
+  # The exact interval holds 81 at both ends' tail probability 2.5%.
+  n, k = 200, 81
+  pmf = lambda i, p: math.comb(n, i) * p**i * (1 - p) ** (n - i)
+  assert sum(pmf(i, low) for i in range(k, n + 1)) == pytest.approx(0.025, abs=1e-6)
+  assert sum(pmf(i, high) for i in range(k + 1)) == pytest.approx(0.025, abs=1e-6)
+  assert summary["one_clone"] and summary["rl_above_start"] == (summary["after_rl"]["low"] > high)
+  assert "over its 200 held-out tasks" in ls.table(ls.summarize(results))
+  # Without the binding the same figures are an ordinary row: the start's interval is over seeds.
+  plain = ls.summarize([{**r, "bindings": []} for r in results])["one"]
+  assert not plain["one_clone"] and plain["warm_start"]["low"] == pytest.approx(0.405)
+  with pytest.raises(ValueError, match="without num_tasks"):
+    ls.summarize([{**r, "num_tasks": None} for r in results])
