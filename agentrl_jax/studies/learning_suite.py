@@ -142,6 +142,9 @@ RL_SHARE: tuple[EnvRun, ...] = (
     # The env rows' own clones and budgets, only RL's sampling sharper (paired with the env row).
     EnvRun(env="negotiation_sharp", gin_file="negotiation_grpo.gin", bindings=SHARP_SAMPLING),
     EnvRun(env="search_qa_sharp", gin_file="search_qa_grpo.gin", bindings=SHARP_SAMPLING),
+    # Every seed from seed 0's clone (TrainConfig.init_seed): the after-RL spread is RL's own.
+    EnvRun(env="negotiation_one_clone", gin_file="negotiation_grpo.gin",
+           bindings=("configs.TrainConfig.init_seed = 0", *SHARP_SAMPLING)),
 )
 SETS = MappingProxyType({"full": FULL, "methods": METHODS, "rl_share": RL_SHARE})
 
