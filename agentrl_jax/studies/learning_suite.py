@@ -119,6 +119,7 @@ METHODS: tuple[EnvRun, ...] = (
 # and samples RL at 0.5 without the bonus.
 SHARP_SAMPLING = ("configs.WarmStartConfig.temperature = 1.0",
                   "sampler.SamplingConfig.temperature = 0.5", "step.LossConfig.entropy_coef = 0.0")
+FOUR_MINIBATCHES = ("step.LossConfig.num_minibatches = 4",)
 RL_SHARE: tuple[EnvRun, ...] = (
     EnvRun(env="frozenlake_short_clone", gin_file="quickstart.gin",
            bindings=("configs.WarmStartConfig.iterations = 10",)),
@@ -145,6 +146,12 @@ RL_SHARE: tuple[EnvRun, ...] = (
     # Every seed from seed 0's clone (TrainConfig.init_seed): the after-RL spread is RL's own.
     EnvRun(env="negotiation_one_clone", gin_file="negotiation_grpo.gin",
            bindings=("configs.TrainConfig.init_seed = 0", *SHARP_SAMPLING)),
+    # Four updates an iteration instead of one, as verl's mini-batches do: with a single
+    # on-policy step the ratio is 1 (clip fraction 0) and 40 iterations move the policy 40 steps.
+    EnvRun(env="textworld_express_clone100_mb4", gin_file="textworld_express_coin_grpo.gin",
+           bindings=("configs.WarmStartConfig.iterations = 100",
+                     "configs.TrainConfig.num_iterations = 40", "configs.EvalConfig.every = 10",
+                     *SHARP_SAMPLING, *FOUR_MINIBATCHES)),
 )
 SETS = MappingProxyType({"full": FULL, "methods": METHODS, "rl_share": RL_SHARE})
 
@@ -203,19 +210,24 @@ def read_run(workdir: str | os.PathLike[str]) -> dict[str, Any]:
       curve.append([int(row["step"]), float(row["eval/greedy_success"])])
   if before is None or not curve:
     raise ValueError(f"{workdir}: no evaluation before training or after it in metrics.jsonl")
+  # A run stopped by SIGTERM exits cleanly with a checkpoint: its last evaluation is not final.
+  planned = _operative_int(workdir, "configs.TrainConfig.num_iterations")
+  if planned is not None and curve[-1][0] != planned:
+    raise ValueError(f"{workdir}: last evaluation at iteration {curve[-1][0]} of {planned} (the "
+                     "run was stopped; launching it again resumes it)")
   start = warm if warm is not None else before
   return {"before": before, "warm_start": warm, "after": curve[-1][1],
           "curve": [[0, start], *curve], "iterations": curve[-1][0],
-          "num_tasks": _held_out_tasks(workdir)}
+          "num_tasks": _operative_int(workdir, "configs.EvalConfig.num_tasks")}
 
 
-def _held_out_tasks(workdir: pathlib.Path) -> int | None:
-  """`EvalConfig.num_tasks` as the run's operative config recorded it (None without one)."""
+def _operative_int(workdir: pathlib.Path, parameter: str) -> int | None:
+  """An integer `parameter` as the run's operative config recorded it (None without one)."""
   path = workdir / "operative_config.gin"
   if not path.exists():
     return None
   for line in path.read_text().splitlines():
-    if line.startswith("configs.EvalConfig.num_tasks = "):
+    if line.startswith(f"{parameter} = "):
       return int(line.rsplit("=", 1)[1])
   return None
 

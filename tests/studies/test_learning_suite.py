@@ -247,6 +247,16 @@ def test_read_run_records_the_held_out_task_count(tmp_path):
   assert ls.read_run(tmp_path)["num_tasks"] == 200
 
 
+def test_read_run_refuses_a_run_stopped_before_its_last_iteration(tmp_path):
+  # SIGTERM stops a run cleanly at an iteration boundary: its last evaluation is at 30 of 60.
+  write_metrics(tmp_path, run_rows(0.0, 0.695, [(15, 0.695), (30, 0.695)]))
+  (tmp_path / "operative_config.gin").write_text("configs.TrainConfig.num_iterations = 60\n")
+  with pytest.raises(ValueError, match="iteration 30 of 60"):
+    ls.read_run(tmp_path)
+  write_metrics(tmp_path, run_rows(0.0, 0.695, [(15, 0.695), (30, 0.695), (60, 0.7)]))
+  assert ls.read_run(tmp_path)["after"] == 0.7
+
+
 def test_a_one_clone_row_measures_its_start_over_the_tasks_not_the_seeds():
   # Every seed starts from the clone at 81 / 200; the seeds' spread of the start is zero.
   results = [{**fake_result("one", s, 0.0, 0.405, a), "num_tasks": 200,
