@@ -7,7 +7,8 @@ built, so `import agentrl_jax.envs` works without it.
 The reset seed picks one of the engine's valid seeds of the chosen fold (`seed % number of
 seeds`), so every non-negative seed is a game and the same seed is the same game. Reward is the
 change of the engine's normalised score (0 to 1), success is the engine's task success, and the
-expert replays the engine's gold action sequence.
+expert's path (CoinCollector: fewest moves to the coin; the others: the engine's gold action
+sequence) is planned when the expert is first asked.
 
 Every env of a Python process shares one engine (one JVM): the learner builds a fresh env per
 episode slot each iteration, and a JVM per env would mean hundreds of processes. The engine holds
@@ -39,6 +40,7 @@ DEFAULT_PARAMS = {
 MAX_ACTION_CHARS = 200
 _QUOTE_CHARS = 16
 _LOOK = "look around"
+_TAKE_COIN = "take coin"
 # The shared engine's own step limit; far above any env's step cap, which governs episodes.
 _ENGINE_STEP_LIMIT = 100_000
 # CoinCollector's furniture sentences (`brief` drops them unless they name the coin).
@@ -66,6 +68,7 @@ class _SharedEngine:
     self.loaded: tuple[str, str] | None = None  # (game, params) of the loaded game generator.
     self.owner: object | None = None  # The episode token whose state the engine holds.
     self.seeds: dict[tuple[str, str, str], list[int]] = {}
+    self.gold: dict[tuple[str, str, str, int], list[str]] = {}
 
   def get(self, game: str, params: str):
     if self.engine is None:
@@ -83,6 +86,29 @@ class _SharedEngine:
                 "test": engine.getValidSeedsTest}[fold]
       self.seeds[key] = list(getter())
     return self.seeds[key]
+
+  def gold_path(self, game: str, params: str, fold: str, game_seed: int) -> list[str]:
+    """The expert's commands for one game, planned once per process. Call with `lock` held.
+
+    CoinCollector's own gold path is a random exploration whose generator state carries over
+    from the engine's earlier games (reloading the game generator does not restart it): train
+    seed 4 of 6 rooms got "west, south, west" or "west, west, south" depending on the games
+    played before, so with rollout threads a seed's demonstrations, and its clone, changed from
+    run to run. Its expert is therefore a breadth-first search of the rooms (a fewest-moves path,
+    ties broken by command name); the other games keep the engine's planned path.
+    """
+    key = (game, params, fold, game_seed)
+    if key not in self.gold:
+      engine = self.get(game, params)
+      if game == "coin":
+        self.gold[key] = _fewest_moves_to_the_coin(engine, game_seed, fold)
+      else:
+        engine.reset(seed=game_seed, gameFold=fold, generateGoldPath=True)
+        gold = list(engine.getGoldActionSequence())
+        # The gold path opens with the "look around" that produced the first observation.
+        self.gold[key] = gold[1:] if gold and gold[0] == _LOOK else gold
+      self.owner = None  # Planning moved the engine: the next step replays its episode.
+    return self.gold[key]
 
   def shutdown(self) -> None:
     with self.lock:
@@ -153,7 +179,8 @@ class TextWorldExpress(base.TextEnv):
     self._game_seed = 0
     self._history: list[str] = []  # Commands sent to the engine this episode.
     self._token: object | None = None  # Identifies this episode to the shared engine.
-    self._gold: list[str] = []
+    self._gold: list[str] | None = None  # Planned when the expert is first asked.
+    self._taken: list[str] = []  # The valid commands of this episode, as the engine names them.
     self._valid: list[str] = []
     self._score = 0.0
     self._expert_step = 0
@@ -175,6 +202,11 @@ class TextWorldExpress(base.TextEnv):
     The path is planned from the reset state, so it is the expert's only while the episode
     follows it (as expert and warm-start rollouts do).
     """
+    if self._gold is None:
+      with _SHARED.lock:
+        self._gold = _SHARED.gold_path(self.game, self.game_params, self.fold, self._game_seed)
+      for command in self._taken:
+        self._follow(command)
     if self._expert_step < len(self._gold):
       return self._gold[self._expert_step]
     return _LOOK
@@ -185,46 +217,20 @@ class TextWorldExpress(base.TextEnv):
       self._game_seed = seeds[seed % len(seeds)]
       engine = _SHARED.get(self.game, self.game_params)
       observation, infos = engine.reset(seed=self._game_seed, gameFold=self.fold,
-                                        generateGoldPath=True)
-      gold = list(engine.getGoldActionSequence())
-      # The gold path opens with the "look around" that produced the first observation.
-      gold = gold[1:] if gold and gold[0] == _LOOK else gold
-      self._gold = self._shortcut(engine, gold)
-      self._token = object()
-      # The shortcut search moved the engine; the first step replays from the start.
-      _SHARED.owner = None
+                                        generateGoldPath=False)
+      self._token = _SHARED.owner = object()
     self._history = []
+    self._gold = None
+    self._taken = []
     self._expert_step = 0
     self._valid = list(infos["validActions"])
     self._score = float(infos["score"])
     return self._render(f"{infos['taskDescription'].strip()}\n{observation.strip()}")
 
-  def _shortcut(self, engine, gold: list[str]) -> list[str]:
-    """The gold path with its detours (returns to an earlier state) cut out.
-
-    The engine draws some gold paths by random exploration from a generator whose state depends
-    on the engine's earlier games (CoinCollector walks back and forth), so the same seed can get
-    different, long paths. A state here is (room text, inventory, score); cutting every loop back
-    to an earlier state gives a shorter path that no longer depends on that history for the
-    games tried. The cut path is kept only if replaying it still wins.
-    """
-    start = engine.reset(seed=self._game_seed, gameFold=self.fold, generateGoldPath=False)[1]
-    keys, path = [_state_key(start)], []
-    for action in gold:
-      key = _state_key(engine.step(action)[3])
-      if key in keys:
-        cut = keys.index(key)
-        keys, path = keys[:cut + 1], path[:cut]
-      else:
-        keys.append(key)
-        path.append(action)
-    if path == gold:
-      return gold
-    engine.reset(seed=self._game_seed, gameFold=self.fold, generateGoldPath=False)
-    infos = start
-    for action in path:
-      infos = engine.step(action)[3]
-    return path if infos["tasksuccess"] else gold
+  def _follow(self, command: str) -> None:
+    """Advances the expert past `command` when it is the gold path's next one."""
+    if self._expert_step < len(self._gold) and command == self._gold[self._expert_step]:
+      self._expert_step += 1
 
   def _engine_step(self, command: str):
     with _SHARED.lock:
@@ -247,8 +253,10 @@ class TextWorldExpress(base.TextEnv):
     command = " ".join(action.split())
     canonical = {a.lower(): a for a in self._valid}.get(command.lower())
     valid = canonical is not None
-    if valid and self._expert_step < len(self._gold) and canonical == self._gold[self._expert_step]:
-      self._expert_step += 1
+    if valid:
+      self._taken.append(canonical)
+      if self._gold is not None:
+        self._follow(canonical)
     observation, _, done, infos = self._engine_step(canonical or command)
     score = float(infos["score"])
     reward, self._score = score - self._score, score
@@ -285,8 +293,30 @@ def _without_furniture(text: str) -> str:
   return "\n".join(lines)
 
 
-def _state_key(infos: dict[str, Any]) -> tuple[str, str, float]:
-  return infos["look"], infos["inventory"], float(infos["score"])
+def _fewest_moves_to_the_coin(engine, game_seed: int, fold: str) -> list[str]:
+  """Breadth-first search over the rooms (the room text is the state; each path is replayed
+  from the reset, as the engine cannot copy a state): the moves to the nearest room where
+  "take coin" is valid, then "take coin". Moves are tried in name order, so ties break the same
+  way in every process."""
+  def replay(path):
+    infos = engine.reset(seed=game_seed, gameFold=fold, generateGoldPath=False)[1]
+    for action in path:
+      infos = engine.step(action)[3]
+    return infos
+
+  frontier, seen = [[]], set()
+  while frontier:
+    following = []
+    for path in frontier:
+      infos = replay(path)
+      if _TAKE_COIN in infos["validActions"]:
+        return [*path, _TAKE_COIN]
+      if infos["look"] in seen:
+        continue
+      seen.add(infos["look"])
+      following += [[*path, a] for a in sorted(infos["validActions"]) if a.startswith("move ")]
+    frontier = following
+  raise RuntimeError(f"CoinCollector game {game_seed} ({fold}): no room holds a coin to take")
 
 
 def _malformed_reason(action: Any) -> str | None:

@@ -152,6 +152,8 @@ RL_SHARE: tuple[EnvRun, ...] = (
            bindings=("configs.WarmStartConfig.iterations = 100",
                      "configs.TrainConfig.num_iterations = 40", "configs.EvalConfig.every = 10",
                      *SHARP_SAMPLING, *FOUR_MINIBATCHES)),
+    EnvRun(env="tool_use_clone400", gin_file="tool_use_grpo.gin", bindings=(
+        "configs.WarmStartConfig.iterations = 400", *SHARP_SAMPLING)),
 )
 SETS = MappingProxyType({"full": FULL, "methods": METHODS, "rl_share": RL_SHARE})
 
