@@ -154,6 +154,12 @@ RL_SHARE: tuple[EnvRun, ...] = (
                      *SHARP_SAMPLING, *FOUR_MINIBATCHES)),
     EnvRun(env="tool_use_clone400", gin_file="tool_use_grpo.gin", bindings=(
         "configs.WarmStartConfig.iterations = 400", *SHARP_SAMPLING)),
+    # textworld_express_clone100 again, cloned from the fewest-moves expert (the engine's own
+    # path, which that row cloned, changed with the order of earlier games); 10 seeds.
+    EnvRun(env="textworld_express_fewest_clone100", gin_file="textworld_express_coin_grpo.gin",
+           bindings=("configs.WarmStartConfig.iterations = 100",
+                     "configs.TrainConfig.num_iterations = 40", "configs.EvalConfig.every = 10",
+                     *SHARP_SAMPLING)),
 )
 SETS = MappingProxyType({"full": FULL, "methods": METHODS, "rl_share": RL_SHARE})
 
