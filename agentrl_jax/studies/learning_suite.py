@@ -487,13 +487,14 @@ def restore_runs(records: Sequence[dict[str, Any]], runs_dir: str | os.PathLike[
 
 def run_suite(specs: Sequence[EnvRun], seeds: Sequence[int], runs_dir: str | os.PathLike[str],
               *, log=print) -> list[dict[str, Any]]:
-  """Every (env, seed), env by env; a failed run is logged and left for the next pass."""
+  """Every (env, seed), env by env; a failed or stopped run is logged and left for the next
+  pass (which resumes it from its checkpoint)."""
   results = []
   for spec in specs:
     for seed in seeds:
       try:
         results.append(run_one(spec, seed, runs_dir, log=log))
-      except RuntimeError as e:
+      except (RuntimeError, ValueError) as e:
         log(f"failed: {e}")
   return results
 

@@ -153,6 +153,18 @@ def test_a_failed_launch_names_its_log(tmp_path):
   assert "no_such_file.gin" in (ls.workdir_of(tmp_path, "frozenlake", 0) / "suite_log.txt").read_text()
 
 
+def test_a_stopped_run_is_logged_and_left_for_the_next_pass(tmp_path, monkeypatch):
+  def stopped_at_30_of_60(spec, seed, workdir, argv, runs_dir):
+    write_metrics(workdir, run_rows(0.0, 0.7, [(15, 0.7), (30, 0.7)]))
+    (workdir / "operative_config.gin").write_text("configs.TrainConfig.num_iterations = 60\n")
+  monkeypatch.setattr(ls, "_launch", stopped_at_30_of_60)
+  logged = []
+  spec = ls.EnvRun(env="frozenlake", gin_file="quickstart.gin")
+  assert ls.run_suite([spec], [0], tmp_path, log=logged.append) == []
+  assert "iteration 30 of 60" in logged[0]
+  assert not (ls.workdir_of(tmp_path, "frozenlake", 0) / ls.RESULT_FILE).exists()
+
+
 def test_runs_share_one_compilation_cache_unless_the_caller_names_one(tmp_path, monkeypatch):
   env = ls.launch_environment(tmp_path, {"PATH": "/bin"})
   assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "jax_cache")
