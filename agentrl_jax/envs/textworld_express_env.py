@@ -13,8 +13,8 @@ sequence) is planned when the expert is first asked.
 Every env of a Python process shares one engine (one JVM): the learner builds a fresh env per
 episode slot each iteration, and a JVM per env would mean hundreds of processes. The engine holds
 one game state at a time, so an env whose episode is not the engine's current one restores it by
-replaying its seed and commands (a reset takes ~30 ms, a step ~1 ms); games are deterministic, so
-the replay reproduces the state exactly.
+replaying its seed and commands (a reset or a step takes about a millisecond); games are
+deterministic, so the replay reproduces the state exactly.
 """
 
 from __future__ import annotations
