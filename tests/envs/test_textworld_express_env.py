@@ -212,3 +212,34 @@ def test_the_expert_takes_over_an_episode_already_under_way(make_env):
     played.append(env.expert_action())
     result = env.step(played[-1])
   assert result.info["success"] and played == planned and len(planned) > 2
+
+
+def test_the_coin_expert_takes_the_fewest_moves(make_env):
+  params = "numLocations=6,numDistractorItems=0,includeDoors=0"
+  env = make_env(game="coin", game_params=params)
+
+  def coin_within(seed, moves):
+    """Whether any sequence of at most `moves` moves reaches a room where the coin lies."""
+    paths = [[]]
+    for depth in range(moves + 1):
+      following = []
+      for path in paths:
+        env.reset(seed)
+        for move in path:
+          env.step(move)
+        if "take coin" in env.valid_actions:
+          return True
+        if depth < moves:
+          following += [[*path, a] for a in env.valid_actions if a.startswith("move ")]
+      paths = following
+    return False
+
+  for seed in range(6):
+    env.reset(seed)
+    path = []
+    while not env.done:
+      path.append(env.expert_action())
+      env.step(path[-1])
+    moves = len(path) - 1
+    assert path[-1] == "take coin" and coin_within(seed, moves)
+    assert moves == 0 or not coin_within(seed, moves - 1)
