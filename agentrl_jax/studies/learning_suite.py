@@ -120,6 +120,10 @@ METHODS: tuple[EnvRun, ...] = (
 SHARP_SAMPLING = ("configs.WarmStartConfig.temperature = 1.0",
                   "sampler.SamplingConfig.temperature = 0.5", "step.LossConfig.entropy_coef = 0.0")
 FOUR_MINIBATCHES = ("step.LossConfig.num_minibatches = 4",)
+# textworld_express from a 100-step clone, 40 GRPO iterations sampled sharper.
+TWX_CLONE100 = ("configs.WarmStartConfig.iterations = 100",
+                "configs.TrainConfig.num_iterations = 40", "configs.EvalConfig.every = 10",
+                *SHARP_SAMPLING)
 RL_SHARE: tuple[EnvRun, ...] = (
     EnvRun(env="frozenlake_short_clone", gin_file="quickstart.gin",
            bindings=("configs.WarmStartConfig.iterations = 10",)),
@@ -130,9 +134,7 @@ RL_SHARE: tuple[EnvRun, ...] = (
         "configs.WarmStartConfig.iterations = 50", "configs.TrainConfig.num_iterations = 60",
         *SHARP_SAMPLING)),
     EnvRun(env="textworld_express_clone100", gin_file="textworld_express_coin_grpo.gin",
-           bindings=("configs.WarmStartConfig.iterations = 100",
-                     "configs.TrainConfig.num_iterations = 40", "configs.EvalConfig.every = 10",
-                     *SHARP_SAMPLING)),
+           bindings=TWX_CLONE100),
     EnvRun(env="sql_clone150", gin_file="sql_grpo.gin", bindings=(
         "configs.WarmStartConfig.iterations = 150", "configs.TrainConfig.num_iterations = 30",
         *SHARP_SAMPLING)),
@@ -149,17 +151,13 @@ RL_SHARE: tuple[EnvRun, ...] = (
     # Four updates an iteration instead of one, as verl's mini-batches do: with a single
     # on-policy step the ratio is 1 (clip fraction 0) and 40 iterations move the policy 40 steps.
     EnvRun(env="textworld_express_clone100_mb4", gin_file="textworld_express_coin_grpo.gin",
-           bindings=("configs.WarmStartConfig.iterations = 100",
-                     "configs.TrainConfig.num_iterations = 40", "configs.EvalConfig.every = 10",
-                     *SHARP_SAMPLING, *FOUR_MINIBATCHES)),
+           bindings=(*TWX_CLONE100, *FOUR_MINIBATCHES)),
     EnvRun(env="tool_use_clone400", gin_file="tool_use_grpo.gin", bindings=(
         "configs.WarmStartConfig.iterations = 400", *SHARP_SAMPLING)),
     # textworld_express_clone100 again, cloned from the fewest-moves expert (the engine's own
     # path, which that row cloned, changed with the order of earlier games); 10 seeds.
     EnvRun(env="textworld_express_fewest_clone100", gin_file="textworld_express_coin_grpo.gin",
-           bindings=("configs.WarmStartConfig.iterations = 100",
-                     "configs.TrainConfig.num_iterations = 40", "configs.EvalConfig.every = 10",
-                     *SHARP_SAMPLING)),
+           bindings=TWX_CLONE100),
 )
 SETS = MappingProxyType({"full": FULL, "methods": METHODS, "rl_share": RL_SHARE})
 
