@@ -7,7 +7,9 @@ Everything but the workdir is bound in gin (`learner.train.<arg> = ...`). The tr
 `learner.run.entry`: online RL (`@learner.train`) unless a config binds another
 (`learner.run.entry = @drift.train`). A missing file, a
 misspelled binding, a value of the wrong type, a config that binds nothing or an unusable workdir
-fails before any compute with a one-line error naming it (exit status 2).
+fails before any compute with a one-line error naming it (exit status 2). A run stopped by
+SIGTERM, Ctrl-C or a preemption notice writes a checkpoint and exits with status 75
+(`preemption.EXIT_STOPPED`); the same command resumes it.
 """
 
 from __future__ import annotations
@@ -112,11 +114,20 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     # A config class's bad value, or a conflict the loop finds before computing, is a
     # ConfigError; gin re-raises it under the same type with the configurable's name appended.
-    configured_run()(workdir=workdir)
+    outcome = configured_run()(workdir=workdir)
   except config_errors.ConfigError as e:
     print(f"error: {_first_line(str(e))}", file=sys.stderr)
     return 2
-  return 0
+  return exit_code(outcome)
+
+
+def exit_code(outcome) -> int:
+  """0 for a run that reached its last iteration; `preemption.EXIT_STOPPED` for one stopped
+  before it (by SIGTERM, Ctrl-C or a preemption notice) with a checkpoint the same command
+  resumes from."""
+  if not getattr(outcome, "preempted", False):
+    return 0
+  return importlib.import_module("agentrl_jax.learner.preemption").EXIT_STOPPED
 
 
 def _initialize_distributed() -> None:

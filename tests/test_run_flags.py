@@ -33,11 +33,16 @@ class Checked:
       raise ValueError(f"Checked.size must be >= 1, got {self.size}")
 
 
-def run(workdir, config=None, fail_with=None):
+def run(workdir, config=None, fail_with=None, stopped=None):
   if fail_with == "config":
     raise config_errors.ConfigError("the loop found a conflict before computing")
   if fail_with == "bug":
     raise ValueError("a bug inside the loop")
+  if stopped is not None:  # how the learner's loops end: a driver outcome
+    from agentrl_jax.learner import driver
+    return driver.Outcome(method="toy", state=None, iterations=1, resumed_from=None,
+                          success_before=None, success_after_warm_start=None, success_after=0.0,
+                          final_metrics={}, preempted=stopped)
   return workdir, config
 
 
@@ -276,3 +281,16 @@ def test_main_lets_a_bug_inside_the_loop_raise(toy, tmp_path, monkeypatch):
                       "toylearner.run.fail_with = 'bug'\n")
   with pytest.raises(ValueError, match="a bug inside the loop"):
     run.main([f"--gin_file={gin_file}", f"--workdir={tmp_path / 'work'}"])
+
+
+@pytest.mark.parametrize("stopped,status", [(False, 0), (True, 75)])
+def test_a_stopped_run_exits_75_and_a_finished_one_0(toy, tmp_path, monkeypatch, stopped, status):
+  # A scheduler relaunches on 75 (the checkpoint resumes); 0 is done, 2 a bad config.
+  run = _load_run_module()
+  monkeypatch.setattr(run, "DEFAULT_IMPORTS", ("import toylearner",))
+  monkeypatch.setattr(run, "DEFAULT_BINDINGS", ())
+  monkeypatch.setattr(run, "LEARNER_MODULE", "toylearner")
+  gin_file = tmp_path / "stop.gin"
+  gin_file.write_text("from __gin__ import dynamic_registration\nimport toylearner\n"
+                      f"toylearner.run.stopped = {stopped}\n")
+  assert run.main([f"--gin_file={gin_file}", f"--workdir={tmp_path / 'work'}"]) == status

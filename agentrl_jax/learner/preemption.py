@@ -14,6 +14,11 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+# The exit status of a run stopped before its last iteration, with a checkpoint the same command
+# resumes from: sysexits' EX_TEMPFAIL ("try again later"), so that a scheduler or a shell loop
+# tells "relaunch to resume" from "finished" (0) and from a bad config (2).
+EXIT_STOPPED = 75
+
 
 class StopRequest:
   """Installs SIGTERM/SIGINT handlers for the duration of a `with` block."""

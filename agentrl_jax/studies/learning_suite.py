@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from agentrl_jax.learner import preemption
 from agentrl_jax.studies import binomial
 from agentrl_jax.studies import fits
 
@@ -93,7 +94,7 @@ METHOD_CONFIGS = (
     "serl_frozenlake", "ahead_frozenlake", "drift_frozenlake", "iterative_grpo_frozenlake",
     "slea_frozenlake", "tsr_frozenlake", "t2po_frozenlake", "arpo_frozenlake", "rtpo_frozenlake",
     "dr_grpo_frozenlake", "gagpo_frozenlake", "gca_search_qa", "t1_terminal", "progress_sql",
-    "socialrl_dialogue")
+    "socialrl_dialogue", "textworld_express_coin_charge")
 # GRPO at the FrozenLake method configs' other budgets: Iterative GRPO's 10 rounds, RTPO's 50
 # iterations, DRIFT's 300 steps (100 iterations is the frozenlake env row itself).
 GRPO_BUDGETS = (10, 50, 300)
@@ -157,6 +158,10 @@ RL_SHARE: tuple[EnvRun, ...] = (
     # textworld_express_clone100 again, cloned from the fewest-moves expert (the engine's own
     # path, which that row cloned, changed with the order of earlier games); 10 seeds.
     EnvRun(env="textworld_express_fewest_clone100", gin_file="textworld_express_coin_grpo.gin",
+           bindings=TWX_CLONE100),
+    # The same clones and RL, each rejected command charged 0.05 (groups whose episodes all fail
+    # or all succeed no longer tie); 10 seeds.
+    EnvRun(env="textworld_express_fewest_charge", gin_file="textworld_express_coin_charge.gin",
            bindings=TWX_CLONE100),
 )
 SETS = MappingProxyType({"full": FULL, "methods": METHODS, "rl_share": RL_SHARE})
@@ -307,6 +312,9 @@ def _launch(spec: EnvRun, seed: int, workdir: pathlib.Path, argv: Sequence[str],
   with open(log_file, "a", encoding="utf-8") as out:
     process = subprocess.run([sys.executable, *argv], stdout=out, stderr=subprocess.STDOUT,
                              cwd=REPO, check=False, env=launch_environment(runs_dir, os.environ))
+  if process.returncode == preemption.EXIT_STOPPED:
+    raise RuntimeError(f"{spec.env} seed {seed}: stopped before its last iteration (exit "
+                       f"{process.returncode}); the next pass resumes it from its checkpoint")
   if process.returncode != 0:
     raise RuntimeError(f"{spec.env} seed {seed}: {pathlib.Path(argv[0]).name} exited with "
                        f"{process.returncode}; see {log_file}")
@@ -387,11 +395,13 @@ def clone_interval(run: Mapping[str, Any]) -> dict[str, Any]:
 
 # The plain-GRPO row a method row of another env is paired with (at the same final iteration).
 _ENV_OF_METHOD = MappingProxyType({"gca_search_qa": "search_qa", "t1_terminal": "terminal",
-                                   "progress_sql": "sql", "socialrl_dialogue": "negotiation"})
+                                   "progress_sql": "sql", "socialrl_dialogue": "negotiation",
+                                   "textworld_express_coin_charge": "textworld_express"})
 # RL-share rows that keep their env row's clone and budget and change only how RL samples: each
 # seed's clone is the env row's, so the pairing isolates the sampling.
-_ENV_OF_VARIANT = MappingProxyType({"negotiation_sharp": "negotiation",
-                                    "search_qa_sharp": "search_qa"})
+_ENV_OF_VARIANT = MappingProxyType({
+    "negotiation_sharp": "negotiation", "search_qa_sharp": "search_qa",
+    "textworld_express_fewest_charge": "textworld_express_fewest_clone100"})
 _ENV_ROW_OF = MappingProxyType({**_ENV_OF_METHOD, **_ENV_OF_VARIANT})
 GRPO_GIN = "quickstart.gin"  # the FrozenLake GRPO rows' config
 

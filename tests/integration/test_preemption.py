@@ -44,12 +44,14 @@ def test_sigterm_checkpoints_then_resume(tmp_path):
   proc.send_signal(signal.SIGTERM)
   out, _ = proc.communicate(timeout=300)
   text = "".join(lines) + out
-  assert proc.returncode == 0, text
+  assert proc.returncode == 75, text  # preemption.EXIT_STOPPED: relaunch to resume
   assert "Stopped at iteration" in text
   stopped_at = int(text.split("Stopped at iteration ")[1].split(";")[0])
   assert (workdir / "checkpoints" / str(stopped_at)).is_dir()
 
-  done = subprocess.run(_command(workdir, [f"configs.TrainConfig.num_iterations = {stopped_at + 1}"]),
-                        capture_output=True, text=True, env=env, timeout=600)
+  # One more iteration to finish sooner: a changed config, which the relaunch must allow.
+  finish = _command(workdir, [f"configs.TrainConfig.num_iterations = {stopped_at + 1}"])
+  done = subprocess.run([*finish, "--allow_config_change"], capture_output=True, text=True,
+                        env=env, timeout=600)
   assert done.returncode == 0, done.stdout + done.stderr
   assert f"Resuming from the checkpoint at iteration {stopped_at}" in done.stdout

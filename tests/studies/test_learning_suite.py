@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from agentrl_jax import config_errors
+from agentrl_jax.learner import preemption
 from agentrl_jax.studies import learning_suite as ls
 
 
@@ -163,6 +164,18 @@ def test_a_stopped_run_is_logged_and_left_for_the_next_pass(tmp_path, monkeypatc
   assert ls.run_suite([spec], [0], tmp_path, log=logged.append) == []
   assert "iteration 30 of 60" in logged[0]
   assert not (ls.workdir_of(tmp_path, "frozenlake", 0) / ls.RESULT_FILE).exists()
+
+
+def test_a_launch_that_exits_stopped_is_named_resumable_not_failed(tmp_path):
+  # The status `experiments/run.py` gives a run stopped before its last iteration.
+  spec = ls.EnvRun(env="frozenlake", gin_file="quickstart.gin")
+  workdir = ls.workdir_of(tmp_path, "frozenlake", 0)
+  workdir.mkdir(parents=True)
+  stop = ["-c", f"import sys; sys.exit({preemption.EXIT_STOPPED})"]
+  with pytest.raises(RuntimeError, match="stopped before its last iteration.*next pass resumes"):
+    ls._launch(spec, 0, workdir, stop, tmp_path)
+  with pytest.raises(RuntimeError, match="exited with 3; see .*suite_log.txt"):
+    ls._launch(spec, 0, workdir, ["-c", "import sys; sys.exit(3)"], tmp_path)
 
 
 def test_runs_share_one_compilation_cache_unless_the_caller_names_one(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ from agentrl_jax.studies import learning_suite as ls
 # The method configs the strategy, driver-method and offline end-to-end tests do not launch.
 UNLAUNCHED = ("curiosity_frozenlake", "c3_frozenlake", "deltattg_frozenlake", "pearl_frozenlake",
               "dr_grpo_frozenlake", "gagpo_frozenlake", "gca_search_qa", "t1_terminal",
-              "progress_sql", "socialrl_dialogue")
+              "progress_sql", "socialrl_dialogue", "textworld_express_coin_charge")
 SPECS = {s.env: s for s in ls.METHODS}
 
 
