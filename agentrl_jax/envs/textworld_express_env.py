@@ -125,6 +125,13 @@ def shutdown_engine() -> None:
   _SHARED.shutdown()
 
 
+def forget_expert_plans() -> None:
+  """Drops the process's planned expert paths: each game's is planned again when next asked,
+  after whatever games the engine has played since (what repeatability checks compare)."""
+  with _SHARED.lock:
+    _SHARED.gold.clear()
+
+
 def _params_text(params: str | dict[str, Any] | None, game: str) -> str:
   if params is None:
     return DEFAULT_PARAMS[game]

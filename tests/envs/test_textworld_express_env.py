@@ -182,7 +182,7 @@ def test_the_expert_of_a_game_does_not_depend_on_the_games_played_before(make_en
   env = make_env(game="coin", game_params=params, max_turns=8)
 
   def expert_commands(seeds):
-    twx._SHARED.gold.clear()  # plan again, after this order of games
+    twx.forget_expert_plans()  # plan again, after this order of games
     commands = {}
     for seed in seeds:
       env.reset(seed)
@@ -204,7 +204,7 @@ def test_the_expert_takes_over_an_episode_already_under_way(make_env):
   while not env.done:
     planned.append(env.expert_action())
     env.step(planned[-1])
-  twx._SHARED.gold.clear()
+  twx.forget_expert_plans()
   env.reset(4)
   result = env.step(planned[0])  # played before the expert is asked: the plan counts it as followed
   played = [planned[0]]
