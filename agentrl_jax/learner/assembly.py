@@ -163,6 +163,12 @@ def max_actions(rollout: loop_lib.RolloutConfig) -> int:
   return bound
 
 
+def env_with(make_env: Callable[..., envs_base.TextEnv],
+             overrides: dict[str, Any]) -> Callable[[], envs_base.TextEnv]:
+  """`make_env` with some constructor arguments replaced (a phase's `env_kwargs`)."""
+  return functools.partial(make_env, **overrides) if overrides else make_env
+
+
 def resolve(config: configs.TrainConfig, model, rollout: loop_lib.RolloutConfig,
             loss: step_lib.LossConfig | None = None, tokenizer_path=None,
             init_from=None) -> Resolved:
@@ -313,9 +319,11 @@ class Run:
 
   def evaluate(self, params, evaluation: configs.EvalConfig, rng: jax.Array,
                make_env: Callable[[], envs_base.TextEnv] | None = None) -> dict[str, float]:
-    """Held-out greedy success (and pass@k) of `params` (`learner.evaluate`)."""
+    """Held-out greedy success (and pass@k) of `params` (`learner.evaluate`), on the envs
+    `evaluation.env_kwargs` makes unless `make_env` is given."""
+    make_env = make_env or env_with(self.make_env, evaluation.env_kwargs)
     return evaluate_lib.evaluate(params, greedy=self.greedy_runner, sampled=self.runner,
-                                 make_env=make_env or self.make_env, config=evaluation, rng=rng)
+                                 make_env=make_env, config=evaluation, rng=rng)
 
 
 def build_run(resolved: Resolved, graphdef) -> Run:

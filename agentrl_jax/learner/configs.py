@@ -155,6 +155,8 @@ class WarmStartConfig:
       draws about what sampling at 1 after an untempered one draws). 1.0: the model's own
       softmax, as SFT before RL usually is, so a lower sampling temperature in RL samples a
       sharper policy than the one cloned. Greedy actions are the same either way.
+    env_kwargs: constructor arguments that override TrainConfig.env_kwargs for the
+      demonstrations only (e.g. SFT on a few search corpora, RL on many).
   """
 
   iterations: int = 0
@@ -163,6 +165,7 @@ class WarmStartConfig:
   learning_rate: float = 1e-3
   micro_batches: int = 1
   temperature: float | None = None
+  env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     config_errors.check_field_types(self)

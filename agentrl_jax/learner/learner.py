@@ -196,8 +196,7 @@ def build(*, config: configs.TrainConfig = configs.TrainConfig(),
       policy_graphdef, model, tok,
       dataclasses.replace(rollout, sampling=dataclasses.replace(rollout.sampling, temperature=0.0)),
       conversation)
-  make_eval_env = functools.partial(registry.make, config.env_name,
-                                    **{**config.env_kwargs, **evaluation.env_kwargs})
+  make_eval_env = assembly.env_with(make_env, evaluation.env_kwargs)
   run_eval = functools.partial(evaluate_lib.evaluate, greedy=greedy_runner, sampled=runner,
                                make_env=make_eval_env, config=evaluation)
 
@@ -213,7 +212,8 @@ def build(*, config: configs.TrainConfig = configs.TrainConfig(),
 
   def warm(state, writer):
     state = warm_start_lib.behaviour_cloning(
-        state, policy_graphdef, tok, rollout, warm_start, config, make_env, allowed, temperature,
+        state, policy_graphdef, tok, rollout, warm_start, config,
+        assembly.env_with(make_env, warm_start.env_kwargs), allowed, temperature,
         model, writer, device_mesh, conversation=conversation)
     if critic_from_policy:  # T1: the critic starts from the cloned policy, not the initial one
       state = _critic_from_cloned_policy(state, model, critic_opt, device_mesh, rules)

@@ -74,7 +74,8 @@ def drive(workdir: str, method: driver.Method, state: types.ActorCriticState, *,
 
   def warm_start(state):
     return warm_start_lib.behaviour_cloning(
-        state, setup.graphdef, setup.tokenizer, setup.rollout, warm, config, setup.make_env,
+        state, setup.graphdef, setup.tokenizer, setup.rollout, warm, config,
+        assembly.env_with(setup.make_env, warm.env_kwargs),
         setup.allowed, setup.temperature, setup.model, writer,
         conversation=setup.runner.conversation)
 

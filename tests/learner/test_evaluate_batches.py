@@ -1,12 +1,14 @@
 """Held-out evaluation played in batches (`EvalConfig.batch_size`) gives the figures of one batch."""
 
 import dataclasses
+import functools
 
 import jax
 import pytest
 
 from agentrl_jax import config_errors
 from agentrl_jax.envs import registry
+from agentrl_jax.learner import assembly
 from agentrl_jax.learner import configs
 from agentrl_jax.learner import evaluate
 from agentrl_jax.models import tokenizer as tokenizer_lib
@@ -38,3 +40,26 @@ def test_batched_evaluation_equals_one_batch():
 def test_batch_size_below_one_is_refused():
   with pytest.raises(config_errors.ConfigError, match="batch_size must be >= 1"):
     configs.EvalConfig(batch_size=0)
+
+
+def test_a_methods_evaluation_plays_the_eval_env_kwargs():
+  # Every training loop evaluates through `assembly.Run.evaluate` (the offline ones too): held-out
+  # games come from `EvalConfig.env_kwargs` over the training env's arguments.
+  tok = tokenizer_lib.load_tokenizer()
+  model = transformer.tiny(tok.vocab_size, d_model=32, num_heads=4, mlp_dim=64)
+  graphdef, params = transformer.create(model, seed=0)
+  sampling = sampler_lib.SamplingConfig(
+      temperature=0.0, max_action_tokens=1,
+      allowed_token_ids=tuple(tok.single_token_id(w) for w in ("left", "down", "right", "up")))
+  rollout = loop_lib.RolloutConfig(max_turns=6, max_len=192, sampling=sampling)
+  runner = loop_lib.RolloutRunner(graphdef, model, tok, rollout)
+  train_env = functools.partial(registry.make, "frozenlake", size=3, max_turns=6)
+  run = assembly.Run(tokenizer=tok, make_env=train_env, model=model, rollout=rollout,
+                     graphdef=graphdef, allowed=None, temperature=1.0, max_actions=1,
+                     runner=runner, greedy_runner=runner)
+  config = configs.EvalConfig(num_tasks=6, pass_k=0, env_kwargs={"max_turns": 4})
+  got = run.evaluate(params, config, jax.random.key(1))
+  want = evaluate.evaluate(params, greedy=runner, sampled=runner, config=config,
+                           make_env=functools.partial(train_env, max_turns=4), rng=jax.random.key(1))
+  assert got == want
+  assert got != run.evaluate(params, configs.EvalConfig(num_tasks=6, pass_k=0), jax.random.key(1))

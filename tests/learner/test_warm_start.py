@@ -14,9 +14,10 @@ from agentrl_jax.rollout import sampler as sampler_lib
 
 
 def _build(warm_start_iterations=2, sampling_temperature=1.0, clone_temperature=None, seed=0,
-           init_seed=None):
+           init_seed=None, env_kwargs=None, demo_env_kwargs=None):
   return learner.build(
-      config=configs.TrainConfig(env_name="dd_chain", env_kwargs={"horizon": 4, "num_decisions": 2},
+      config=configs.TrainConfig(env_name="dd_chain",
+                                 env_kwargs=env_kwargs or {"horizon": 4, "num_decisions": 2},
                                  num_iterations=2, tasks_per_iteration=2, group_size=2,
                                  seed=seed, init_seed=init_seed),
       model=transformer.TransformerConfig(vocab_size=1, num_layers=1, d_model=32, num_heads=4,
@@ -29,7 +30,8 @@ def _build(warm_start_iterations=2, sampling_temperature=1.0, clone_temperature=
       optim=configs.OptimConfig(learning_rate=3e-2),
       warm_start=configs.WarmStartConfig(iterations=warm_start_iterations, episodes_per_iteration=8,
                                          micro_batches=2, learning_rate=3e-2,
-                                         temperature=clone_temperature),
+                                         temperature=clone_temperature,
+                                         env_kwargs=demo_env_kwargs or {}),
       evaluation=configs.EvalConfig(every=100, num_tasks=2, pass_k=0))
 
 
@@ -115,3 +117,13 @@ def test_init_seed_fixes_the_clone_while_the_run_seed_keys_sampling(tmp_path):
 def test_init_seed_must_be_a_non_negative_int():
   with pytest.raises(ValueError, match="TrainConfig.init_seed"):
     configs.TrainConfig(init_seed=-1)
+
+
+def test_the_demonstrations_play_the_warm_start_env_kwargs(tmp_path):
+  # Overriding an argument for the warm start only clones what a run built with it clones.
+  override = _clone(tmp_path / "a", demo_env_kwargs={"num_decisions": 4})
+  built_in = _clone(tmp_path / "b", env_kwargs={"horizon": 4, "num_decisions": 4})
+  plain = _clone(tmp_path / "c")
+  for a, b in zip(override, built_in):
+    np.testing.assert_array_equal(a, b)
+  assert any(not np.array_equal(a, c) for a, c in zip(override, plain))
