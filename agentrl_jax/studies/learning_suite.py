@@ -163,6 +163,12 @@ RL_SHARE: tuple[EnvRun, ...] = (
     # or all succeed no longer tie); 10 seeds.
     EnvRun(env="textworld_express_fewest_charge", gin_file="textworld_express_coin_charge.gin",
            bindings=TWX_CLONE100),
+    # search_qa's clone knows its 16 training corpora (sampled success 0.93 there, 0.65 on unseen
+    # ones), so RL on them has nothing to rank. The same clone, RL on 1000 corpora it never saw
+    # (evaluation stays on corpora 1000-1015); 5 seeds.
+    EnvRun(env="search_qa_fresh_corpora", gin_file="search_qa_grpo.gin", bindings=(
+        "configs.TrainConfig.env_kwargs = {'max_turns': 6, 'top_k': 1, 'num_corpora': 1000}",
+        "configs.WarmStartConfig.env_kwargs = {'num_corpora': 16}", *SHARP_SAMPLING)),
 )
 SETS = MappingProxyType({"full": FULL, "methods": METHODS, "rl_share": RL_SHARE})
 
@@ -401,7 +407,8 @@ _ENV_OF_METHOD = MappingProxyType({"gca_search_qa": "search_qa", "t1_terminal": 
 # seed's clone is the env row's, so the pairing isolates the sampling.
 _ENV_OF_VARIANT = MappingProxyType({
     "negotiation_sharp": "negotiation", "search_qa_sharp": "search_qa",
-    "textworld_express_fewest_charge": "textworld_express_fewest_clone100"})
+    "textworld_express_fewest_charge": "textworld_express_fewest_clone100",
+    "search_qa_fresh_corpora": "search_qa_sharp"})
 _ENV_ROW_OF = MappingProxyType({**_ENV_OF_METHOD, **_ENV_OF_VARIANT})
 GRPO_GIN = "quickstart.gin"  # the FrozenLake GRPO rows' config
 
