@@ -254,16 +254,22 @@ def test_run_py_subprocess_reports_a_missing_gin_file(tmp_path):
   assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+def _toy_run_module(monkeypatch):
+  """experiments/run.py whose training loop is `toylearner.run`."""
+  run = _load_run_module()
+  monkeypatch.setattr(run, "DEFAULT_IMPORTS", ("import toylearner",))
+  monkeypatch.setattr(run, "DEFAULT_BINDINGS", ())
+  monkeypatch.setattr(run, "LEARNER_MODULE", "toylearner")
+  return run
+
+
 @pytest.mark.parametrize("binding,reported", [
     ("toylearner.run.config = @toylearner.Checked()\ntoylearner.Checked.size = 0",
      "Checked.size must be >= 1, got 0"),
     ("toylearner.run.fail_with = 'config'", "the loop found a conflict before computing"),
 ])
 def test_main_reports_config_errors_by_type(toy, tmp_path, monkeypatch, capsys, binding, reported):
-  run = _load_run_module()
-  monkeypatch.setattr(run, "DEFAULT_IMPORTS", ("import toylearner",))
-  monkeypatch.setattr(run, "DEFAULT_BINDINGS", ())
-  monkeypatch.setattr(run, "LEARNER_MODULE", "toylearner")
+  run = _toy_run_module(monkeypatch)
   gin_file = tmp_path / "fail.gin"
   gin_file.write_text(f"from __gin__ import dynamic_registration\nimport toylearner\n{binding}\n")
   assert run.main([f"--gin_file={gin_file}", f"--workdir={tmp_path / 'work'}"]) == 2
@@ -272,10 +278,7 @@ def test_main_reports_config_errors_by_type(toy, tmp_path, monkeypatch, capsys, 
 
 
 def test_main_lets_a_bug_inside_the_loop_raise(toy, tmp_path, monkeypatch):
-  run = _load_run_module()
-  monkeypatch.setattr(run, "DEFAULT_IMPORTS", ("import toylearner",))
-  monkeypatch.setattr(run, "DEFAULT_BINDINGS", ())
-  monkeypatch.setattr(run, "LEARNER_MODULE", "toylearner")
+  run = _toy_run_module(monkeypatch)
   gin_file = tmp_path / "bug.gin"
   gin_file.write_text("from __gin__ import dynamic_registration\nimport toylearner\n"
                       "toylearner.run.fail_with = 'bug'\n")
@@ -286,10 +289,7 @@ def test_main_lets_a_bug_inside_the_loop_raise(toy, tmp_path, monkeypatch):
 @pytest.mark.parametrize("stopped,status", [(False, 0), (True, 75)])
 def test_a_stopped_run_exits_75_and_a_finished_one_0(toy, tmp_path, monkeypatch, stopped, status):
   # A scheduler relaunches on 75 (the checkpoint resumes); 0 is done, 2 a bad config.
-  run = _load_run_module()
-  monkeypatch.setattr(run, "DEFAULT_IMPORTS", ("import toylearner",))
-  monkeypatch.setattr(run, "DEFAULT_BINDINGS", ())
-  monkeypatch.setattr(run, "LEARNER_MODULE", "toylearner")
+  run = _toy_run_module(monkeypatch)
   gin_file = tmp_path / "stop.gin"
   gin_file.write_text("from __gin__ import dynamic_registration\nimport toylearner\n"
                       f"toylearner.run.stopped = {stopped}\n")

@@ -17,16 +17,26 @@ from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
 
 
-def test_batched_evaluation_equals_one_batch():
+def _tiny_frozenlake_policy():
+  """(tokenizer, model, graphdef, params, rollout sampling the four moves at temperature 1)."""
   tok = tokenizer_lib.load_tokenizer()
   model = transformer.tiny(tok.vocab_size, d_model=32, num_heads=4, mlp_dim=64)
   graphdef, params = transformer.create(model, seed=0)
   sampling = sampler_lib.SamplingConfig(
       temperature=1.0, max_action_tokens=1,
       allowed_token_ids=tuple(tok.single_token_id(w) for w in ("left", "down", "right", "up")))
-  rollout = loop_lib.RolloutConfig(max_turns=6, max_len=192, sampling=sampling)
-  greedy = dataclasses.replace(rollout, sampling=dataclasses.replace(sampling, temperature=0.0))
-  runners = dict(greedy=loop_lib.RolloutRunner(graphdef, model, tok, greedy),
+  return tok, model, graphdef, params, loop_lib.RolloutConfig(max_turns=6, max_len=192,
+                                                              sampling=sampling)
+
+
+def _greedy(rollout):
+  return dataclasses.replace(rollout, sampling=dataclasses.replace(rollout.sampling,
+                                                                   temperature=0.0))
+
+
+def test_batched_evaluation_equals_one_batch():
+  tok, model, graphdef, params, rollout = _tiny_frozenlake_policy()
+  runners = dict(greedy=loop_lib.RolloutRunner(graphdef, model, tok, _greedy(rollout)),
                  sampled=loop_lib.RolloutRunner(graphdef, model, tok, rollout))
   make_env = lambda: registry.make("frozenlake", size=3, max_turns=6)
   whole = configs.EvalConfig(num_tasks=7, pass_k=2, pass_k_tasks=3)
@@ -45,13 +55,8 @@ def test_batch_size_below_one_is_refused():
 def test_a_methods_evaluation_plays_the_eval_env_kwargs():
   # Every training loop evaluates through `assembly.Run.evaluate` (the offline ones too): held-out
   # games come from `EvalConfig.env_kwargs` over the training env's arguments.
-  tok = tokenizer_lib.load_tokenizer()
-  model = transformer.tiny(tok.vocab_size, d_model=32, num_heads=4, mlp_dim=64)
-  graphdef, params = transformer.create(model, seed=0)
-  sampling = sampler_lib.SamplingConfig(
-      temperature=0.0, max_action_tokens=1,
-      allowed_token_ids=tuple(tok.single_token_id(w) for w in ("left", "down", "right", "up")))
-  rollout = loop_lib.RolloutConfig(max_turns=6, max_len=192, sampling=sampling)
+  tok, model, graphdef, params, rollout = _tiny_frozenlake_policy()
+  rollout = _greedy(rollout)
   runner = loop_lib.RolloutRunner(graphdef, model, tok, rollout)
   train_env = functools.partial(registry.make, "frozenlake", size=3, max_turns=6)
   run = assembly.Run(tokenizer=tok, make_env=train_env, model=model, rollout=rollout,
