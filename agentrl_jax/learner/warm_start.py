@@ -21,6 +21,25 @@ from agentrl_jax.rollout import loop as loop_lib
 SEED_BASE = 500_000_000
 
 
+def check_noise(warm_start, make_env) -> None:
+  """Refuses action noise the demonstrations cannot have.
+
+  The noise replaces an expert action by a random one of the env's finite action set; an env of
+  free-text actions has no such set, so the setting would silently clone noise-free episodes.
+
+  Raises:
+    ValueError: `expert_noise > 0` on an env without `action_words`.
+  """
+  if not (warm_start.iterations and warm_start.expert_noise):
+    return
+  env = make_env()
+  if not env.action_words:
+    raise ValueError(
+        f"WarmStartConfig.expert_noise={warm_start.expert_noise} replaces expert actions by random "
+        f"ones of the env's finite action set, and env {env.name!r} has none (free-text "
+        f"actions): set it to 0.0")
+
+
 def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_env, allowed,
                       temperature, model, writer, device_mesh=None, *, conversation=None):
   """Behaviour cloning on noisy scripted-expert episodes; returns the state with new policy params.

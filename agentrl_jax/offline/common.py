@@ -64,6 +64,11 @@ def drive(workdir: str, method: driver.Method, state: types.ActorCriticState, *,
           stateful: Sequence[driver.Stateful] = (),
           hooks: Sequence[hooks_lib.Hook] = ()) -> driver.Outcome:
   """Runs `method` in the driver with the evaluation, warm start and hooks every method shares."""
+  demo_env = assembly.env_with(setup.make_env, warm.env_kwargs)
+  try:
+    warm_start_lib.check_noise(warm, demo_env)
+  except ValueError as e:
+    raise config_errors.ConfigError(f"ValueError: {e}") from e
   files.makedirs(workdir)
   writer = metrics_lib.MetricsWriter(workdir, process_index=jax.process_index())
   eval_key = driver.evaluation_key(jax.random.key(config.seed))
@@ -74,8 +79,7 @@ def drive(workdir: str, method: driver.Method, state: types.ActorCriticState, *,
 
   def warm_start(state):
     return warm_start_lib.behaviour_cloning(
-        state, setup.graphdef, setup.tokenizer, setup.rollout, warm, config,
-        assembly.env_with(setup.make_env, warm.env_kwargs),
+        state, setup.graphdef, setup.tokenizer, setup.rollout, warm, config, demo_env,
         setup.allowed, setup.temperature, setup.model, writer,
         conversation=setup.runner.conversation)
 

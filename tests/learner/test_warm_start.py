@@ -4,6 +4,7 @@ import jax
 import numpy as np
 import pytest
 
+from agentrl_jax import config_errors
 from agentrl_jax.learner import configs
 from agentrl_jax.learner import learner
 from agentrl_jax.learner import metrics as metrics_lib
@@ -127,3 +128,10 @@ def test_the_demonstrations_play_the_warm_start_env_kwargs(tmp_path):
   for a, b in zip(override, built_in):
     np.testing.assert_array_equal(a, b)
   assert any(not np.array_equal(a, c) for a, c in zip(override, plain))
+
+
+def test_noise_on_an_env_without_a_finite_action_set_is_refused_before_any_compute():
+  # It could only draw from `action_words`: on free text it would clone noise-free episodes.
+  with pytest.raises(config_errors.ConfigError, match=r"expert_noise=0.2 .* env 'search_qa' has none"):
+    learner.build(config=configs.TrainConfig(env_name="search_qa", restrict_to_action_words=False),
+                  warm_start=configs.WarmStartConfig(iterations=1, expert_noise=0.2))
