@@ -158,7 +158,7 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--dtype", default="float32" if on_cpu else "bfloat16",
                       choices=("bfloat16", "float32"))
-  parser.add_argument("--remat", default="layer", choices=("layer", "none"))
+  parser.add_argument("--remat", default="layer", choices=transformer.REMAT_MODES)
   parser.add_argument("--attention", default="auto", choices=attention.IMPLEMENTATIONS)
   parser.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated, of " +
                       ", ".join(SHAPES))

@@ -102,7 +102,7 @@ def main():
   parser.add_argument("--batch", type=int, default=16)
   parser.add_argument("--length", type=int, default=768)
   parser.add_argument("--actions_per_turn", type=int, default=48)
-  parser.add_argument("--remat", default="layer", choices=("none", "layer"))
+  parser.add_argument("--remat", default="layer", choices=transformer.REMAT_MODES)
   parser.add_argument("--micro_batches", type=int, default=4)
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   parser.add_argument("--head_chunk", type=int, default=None,

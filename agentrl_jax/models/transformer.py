@@ -32,6 +32,9 @@ from agentrl_jax.models import attention
 BATCH, SEQ, EMBED, MLP, HEADS, KV, VOCAB, TURN, EXPERT = (
     "batch", "seq", "embed", "mlp", "heads", "kv", "vocab", "turn", "expert")
 
+# TransformerConfig.remat's choices (see the field's comment).
+REMAT_MODES = ("none", "layer", "layer_dots")
+
 
 @config_errors.config_class
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,8 +66,11 @@ class TransformerConfig:
   # 'layer': a full forward pass (the learner's) keeps only each decoder layer's input for the
   # backward and recomputes the layer's inside (a checkpointed scan over the layers,
   # `_layer_scan`): activation memory falls from every layer's intermediates to one layer's,
-  # for a second forward of compute and a stacked copy of the layer weights.
-  remat: Literal["none", "layer"] = "none"
+  # for a second forward of compute and a stacked copy of the layer weights. 'layer_dots': the
+  # same scan, keeping each layer's weight-matmul outputs (projections and MLP) for the
+  # backward, so the second forward redoes only the attention scores and the elementwise work:
+  # nearly the plain pass's speed, for the projections' activations kept per layer.
+  remat: Literal["none", "layer", "layer_dots"] = "none"
   # Compute dtype of activations and matmuls; parameters stay float32, and the logits (head),
   # norms, RoPE and attention scores accumulate in float32.
   dtype: Literal["float32", "bfloat16"] = "float32"
@@ -75,8 +81,8 @@ class TransformerConfig:
 
   def __post_init__(self):
     config_errors.check_field_types(self)
-    if self.remat not in ("none", "layer"):
-      raise ValueError(f"TransformerConfig.remat must be 'none' or 'layer', got {self.remat!r}")
+    if self.remat not in REMAT_MODES:
+      raise ValueError(f"TransformerConfig.remat must be one of {REMAT_MODES}, got {self.remat!r}")
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"TransformerConfig.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
     if self.attention not in attention.IMPLEMENTATIONS:
@@ -475,7 +481,7 @@ def _block(block: Block, x, pos, layer_cache, cache_length, replay):
   return block(x, pos, layer_cache, cache_length, replay)
 
 
-def _layer_scan(blocks, x, pos, routing):
+def _layer_scan(blocks, x, pos, routing, save_dots: bool = False):
   """All layers as one `lax.scan` over their stacked parameters, each step rematerialised.
 
   The backward of a scan runs one step at a time, so what stays alive is each layer's input
@@ -495,7 +501,10 @@ def _layer_scan(blocks, x, pos, routing):
     y, _, used = nnx.merge(graphdef, state)(x, pos, None, None, layer_replay)
     return y, used
 
-  x, experts = jax.lax.scan(jax.checkpoint(layer), x, (stacked, replay))
+  # Weight matmuls are dots without batch dimensions; attention's score and value products
+  # batch over heads, so they are recomputed (their outputs grow with the sequence squared).
+  policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if save_dots else None
+  x, experts = jax.lax.scan(jax.checkpoint(layer, policy=policy), x, (stacked, replay))
   return x, None if experts is None else jnp.moveaxis(experts, 0, 2)
 
 
@@ -570,8 +579,9 @@ class Transformer(nnx.Module):
       raise ValueError("routing replay was given to a dense model (num_experts=0)")
     x = self.embed_tokens(tokens, pos).astype(self.config.compute_dtype)
     # Only a full pass is differentiated (the learner); a cached pass (sampling) never is.
-    if cache is None and self.config.remat == "layer":
-      x, experts = _layer_scan(self.blocks, x, pos, routing)
+    if cache is None and self.config.remat != "none":
+      x, experts = _layer_scan(self.blocks, x, pos, routing,
+                               save_dots=self.config.remat == "layer_dots")
       return self.final_norm(x), None, experts
     new_k, new_v, experts = [], [], []
     for i, block in enumerate(self.blocks):

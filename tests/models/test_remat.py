@@ -29,12 +29,13 @@ def _loss_fn(cfg):
   return loss, params
 
 
+@pytest.mark.parametrize("remat", ["layer", "layer_dots"])
 @pytest.mark.parametrize("position", ["rope", "turn_slot"])
-def test_remat_layer_gradients_equal_plain_gradients(position):
+def test_remat_gradients_equal_plain_gradients(position, remat):
   cfg = tfm.tiny(40, d_model=32, num_heads=4, num_kv_heads=2, mlp_dim=64, position=position,
                  alibi=position == "turn_slot", qkv_bias=True)
   plain_loss, params = _loss_fn(cfg)
-  remat_loss, _ = _loss_fn(dataclasses.replace(cfg, remat="layer"))
+  remat_loss, _ = _loss_fn(dataclasses.replace(cfg, remat=remat))
   v0, g0 = jax.jit(jax.value_and_grad(plain_loss))(params)
   v1, g1 = jax.jit(jax.value_and_grad(remat_loss))(params)
   np.testing.assert_allclose(v1, v0, rtol=1e-6)
@@ -58,6 +59,39 @@ def test_remat_layer_keeps_one_layers_intermediates_alive():
 
   plain, remat = temporary_bytes("none"), temporary_bytes("layer")
   assert remat < 0.5 * plain, (remat, plain)
+  # Keeping the weight matmuls' outputs costs memory between the two (more than 'layer', whose
+  # backward recomputes them; less than the plain pass, which also keeps the elementwise ones).
+  dots = temporary_bytes("layer_dots")
+  assert remat < dots < plain, (remat, dots, plain)
+
+
+def test_remat_layer_dots_recomputes_no_weight_matmul():
+  # The backward of 'layer' runs every layer's forward matmuls again; 'layer_dots' keeps their
+  # outputs, so its gradient program has as many weight dots as the plain pass's.
+  # One layer: the scan's body is then the whole stack, as the plain pass's unrolled layers are.
+  cfg = tfm.tiny(40, d_model=32, num_heads=4, mlp_dim=64, num_layers=1)
+  tokens, pos = _batch(40)
+
+  def dots(remat):
+    graphdef, params = tfm.create(dataclasses.replace(cfg, remat=remat), seed=0)
+    loss = lambda p: jnp.sum(tfm.apply(graphdef, p, tokens, pos)[0] ** 2)
+    jaxpr = jax.make_jaxpr(jax.grad(loss))(params)
+    return _count_weight_dots(jaxpr.jaxpr)
+
+  assert dots("layer_dots") == dots("none") < dots("layer"), (
+      dots("layer_dots"), dots("none"), dots("layer"))
+
+
+def _count_weight_dots(jaxpr) -> int:
+  """dot_generals without batch dimensions in `jaxpr` and its sub-jaxprs."""
+  count = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      (_, _), (batch_lhs, _) = eqn.params["dimension_numbers"]
+      count += not batch_lhs
+    for sub in jax.core.jaxprs_in_params(eqn.params):
+      count += _count_weight_dots(sub)
+  return count
 
 
 def test_remat_layer_replays_moe_routing_like_the_plain_pass():
