@@ -30,6 +30,8 @@
 # may then have fewer than 3 seeds: the table says how many). `STUDY_SEEDS=3,4` trains those
 # seeds instead of 0-2 (a row then has as many seeds as have finished). `SMALL=1`: one seed of a
 # few FrozenLake iterations, about 70 seconds, checking the pipeline rather than the learning (one seed has no interval).
+# `STUDY_PARALLEL=3` runs three (env, seed) runs at a time, each its own process: they share the
+# cores, so use it where the machine has cores to spare or a run waits on its env.
 #
 # **How to run.** From the repository root:
 #
@@ -82,6 +84,11 @@ if os.environ.get("STUDY_SEEDS"):
     raise SystemExit(f"STUDY_SEEDS={os.environ['STUDY_SEEDS']!r} must be seeds >= 0 separated "
                      "by commas, e.g. 3,4")
   TRAIN_SEEDS = tuple(sorted({int(s) for s in named}))
+# STUDY_PARALLEL=3 runs three (env, seed) runs at a time, each its own process.
+PARALLEL = os.environ.get("STUDY_PARALLEL", "1")
+if not PARALLEL.isdigit() or int(PARALLEL) < 1:
+  raise SystemExit(f"STUDY_PARALLEL={PARALLEL!r} must be a positive number of runs at a time")
+PARALLEL = int(PARALLEL)
 CHOSEN = os.environ.get("STUDY_ENVS")
 if CHOSEN:
   SPECS = tuple(s for s in SPECS if s.env in CHOSEN.split(","))
@@ -102,7 +109,7 @@ if not SMALL and RESULTS_PATH.exists():
 # the runs finished so far (e.g. after a session ended a suite run part-way).
 ANALYSE_ONLY = os.environ.get("STUDY_ANALYSE_ONLY") == "1"
 if not ANALYSE_ONLY:
-  ls.run_suite(SPECS, TRAIN_SEEDS, RUNS_DIR)
+  ls.run_suite(SPECS, TRAIN_SEEDS, RUNS_DIR, parallel=PARALLEL)
 # Every finished run in the directory, also those of envs not chosen this time.
 results = [json.loads(p.read_text()) for p in sorted(RUNS_DIR.glob(f"*/seed_*/{ls.RESULT_FILE}"))]
 summary = ls.summarize(results)

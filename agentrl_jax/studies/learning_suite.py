@@ -12,6 +12,7 @@ every evaluation of RL, the last of which is the result.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import importlib.metadata
 import json
@@ -513,17 +514,29 @@ def restore_runs(records: Sequence[dict[str, Any]], runs_dir: str | os.PathLike[
 
 
 def run_suite(specs: Sequence[EnvRun], seeds: Sequence[int], runs_dir: str | os.PathLike[str],
-              *, log=print) -> list[dict[str, Any]]:
-  """Every (env, seed), env by env; a failed or stopped run is logged and left for the next
-  pass (which resumes it from its checkpoint)."""
-  results = []
-  for spec in specs:
-    for seed in seeds:
-      try:
-        results.append(run_one(spec, seed, runs_dir, log=log))
-      except (RuntimeError, ValueError) as e:
-        log(f"failed: {e}")
-  return results
+              *, log=print, parallel: int = 1) -> list[dict[str, Any]]:
+  """Every (env, seed), env by env, `parallel` runs at a time; a failed or stopped run is logged
+  and left for the next pass (which resumes it from its checkpoint).
+
+  Each run is its own `run.py` process, so parallel runs share the machine's cores and memory:
+  on a many-core host several seeds fit side by side; on a small one they slow each other.
+  The results keep the (env, seed) order whatever order the runs finish in.
+  """
+  if not isinstance(parallel, int) or parallel < 1:
+    raise ValueError(f"parallel must be a positive int (runs at a time), got {parallel!r}")
+  jobs = [(spec, seed) for spec in specs for seed in seeds]
+
+  def attempt(job):
+    try:
+      return run_one(*job, runs_dir, log=log)
+    except (RuntimeError, ValueError) as e:
+      log(f"failed: {e}")
+      return None
+
+  # Threads only wait on their run's process; the work happens in the processes.
+  with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+    results = list(pool.map(attempt, jobs))
+  return [r for r in results if r is not None]
 
 
 def table(summary: dict[str, Any]) -> str:

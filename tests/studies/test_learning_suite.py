@@ -3,6 +3,8 @@
 import json
 import math
 import subprocess
+import threading
+import time
 
 import gin
 import jax
@@ -164,6 +166,51 @@ def test_a_stopped_run_is_logged_and_left_for_the_next_pass(tmp_path, monkeypatc
   assert ls.run_suite([spec], [0], tmp_path, log=logged.append) == []
   assert "iteration 30 of 60" in logged[0]
   assert not (ls.workdir_of(tmp_path, "frozenlake", 0) / ls.RESULT_FILE).exists()
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_runs_go_parallel_at_a_time_and_report_in_env_seed_order(tmp_path, monkeypatch, parallel):
+  running, most, lock = [0], [0], threading.Lock()
+  finish_order = []
+
+  def finishes_later_for_lower_seeds(spec, seed, workdir, argv, runs_dir):
+    with lock:
+      running[0] += 1
+      most[0] = max(most[0], running[0])
+    time.sleep(0.05 * (3 - seed))  # a lower seed takes longer: finishing order is not job order
+    write_metrics(workdir, run_rows(0.0, 0.5, [(10, 0.5 + seed / 10)]))
+    (workdir / "operative_config.gin").write_text("configs.TrainConfig.num_iterations = 10\n")
+    with lock:
+      running[0] -= 1
+      finish_order.append((spec.env, seed))
+  monkeypatch.setattr(ls, "_launch", finishes_later_for_lower_seeds)
+  specs = [ls.EnvRun(env=env, gin_file="quickstart.gin") for env in ("frozenlake", "sokoban")]
+  results = ls.run_suite(specs, [0, 1, 2], tmp_path, log=lambda _: None, parallel=parallel)
+  jobs = [(env, seed) for env in ("frozenlake", "sokoban") for seed in (0, 1, 2)]
+  assert [(r["env"], r["seed"]) for r in results] == jobs
+  assert [r["after"] for r in results] == pytest.approx([0.5, 0.6, 0.7] * 2)
+  assert most[0] == parallel
+  if parallel > 1:
+    assert finish_order != jobs
+
+
+def test_a_parallel_suite_keeps_the_failed_runs_out_and_refuses_a_bad_count(tmp_path, monkeypatch):
+  def seed_1_fails(spec, seed, workdir, argv, runs_dir):
+    if seed == 1:
+      raise RuntimeError(f"{spec.env} seed {seed}: run.py exited with 1")
+    write_metrics(workdir, run_rows(0.0, 0.5, [(10, 0.5)]))
+    (workdir / "operative_config.gin").write_text("configs.TrainConfig.num_iterations = 10\n")
+  monkeypatch.setattr(ls, "_launch", seed_1_fails)
+  logged = []
+  spec = ls.EnvRun(env="frozenlake", gin_file="quickstart.gin")
+  results = ls.run_suite([spec], [0, 1, 2], tmp_path, log=logged.append, parallel=3)
+  assert [r["seed"] for r in results] == [0, 2]
+  assert [line for line in logged if line.startswith("failed")] == [
+      "failed: frozenlake seed 1: run.py exited with 1"]
+  for bad in (0, 1.5, "2"):
+    with pytest.raises(ValueError, match="parallel must be a positive int"):
+      ls.run_suite([spec], [5], tmp_path, parallel=bad)
+  assert not ls.workdir_of(tmp_path, "frozenlake", 5).exists()
 
 
 def test_a_launch_that_exits_stopped_is_named_resumable_not_failed(tmp_path):
