@@ -77,6 +77,18 @@ class TextEnv(abc.ABC):
     self._started = False
 
   @property
+  def has_random_actions(self) -> bool:
+    """Whether `random_action` can draw one (known before any episode: a warm start's
+    `expert_noise` is refused where it cannot)."""
+    return bool(self.action_words)
+
+  def random_action(self, rng: np.random.Generator) -> str | None:
+    """A uniformly random valid action of the current state, the noise of noisy demonstrations:
+    one of `action_words` here; an env of free-text actions whose state lists its valid ones
+    (e.g. a game engine's commands) overrides it. None where there is nothing to draw from."""
+    return str(rng.choice(self.action_words)) if self.action_words else None
+
+  @property
   def instructions(self) -> str:
     """The task's rules and the exact reply format, for a chat model's system message.
 

@@ -7,8 +7,8 @@ built, so `import agentrl_jax.envs` works without it.
 The reset seed picks one of the engine's valid seeds of the chosen fold (`seed % number of
 seeds`), so every non-negative seed is a game and the same seed is the same game. Reward is the
 change of the engine's normalised score (0 to 1), success is the engine's task success, and the
-expert's path (CoinCollector: fewest moves to the coin; the others: the engine's gold action
-sequence) is planned when the expert is first asked.
+expert's path (CoinCollector: fewest moves to the coin, from the agent's room; the others: the
+engine's gold action sequence) is planned when the expert is first asked.
 
 Every env of a Python process shares one engine (one JVM): the learner builds a fresh env per
 episode slot each iteration, and a JVM per env would mean hundreds of processes. The engine holds
@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 import threading
 from typing import Any
+
+import numpy as np
 
 from agentrl_jax.envs import base
 from agentrl_jax.envs import registry
@@ -41,6 +43,8 @@ MAX_ACTION_CHARS = 200
 _QUOTE_CHARS = 16
 _LOOK = "look around"
 _TAKE_COIN = "take coin"
+_MOVE = "move "
+_ROOM = re.compile(r"You are in the ([^.]+)\.")
 # The shared engine's own step limit; far above any env's step cap, which governs episodes.
 _ENGINE_STEP_LIMIT = 100_000
 # CoinCollector's furniture sentences (`brief` drops them unless they name the coin).
@@ -69,6 +73,7 @@ class _SharedEngine:
     self.owner: object | None = None  # The episode token whose state the engine holds.
     self.seeds: dict[tuple[str, str, str], list[int]] = {}
     self.gold: dict[tuple[str, str, str, int], list[str]] = {}
+    self.houses: dict[tuple[str, str, int], _House] = {}
 
   def get(self, game: str, params: str):
     if self.engine is None:
@@ -110,6 +115,14 @@ class _SharedEngine:
       self.owner = None  # Planning moved the engine: the next step replays its episode.
     return self.gold[key]
 
+  def house(self, params: str, fold: str, game_seed: int) -> _House:
+    """A CoinCollector game's rooms and moves, mapped once per process. Call with `lock` held."""
+    key = (params, fold, game_seed)
+    if key not in self.houses:
+      self.houses[key] = _map_the_house(self.get("coin", params), game_seed, fold)
+      self.owner = None  # Mapping moved the engine: the next step replays its episode.
+    return self.houses[key]
+
   def shutdown(self) -> None:
     with self.lock:
       if self.engine is not None:
@@ -130,6 +143,7 @@ def forget_expert_plans() -> None:
   after whatever games the engine has played since (what repeatability checks compare)."""
   with _SHARED.lock:
     _SHARED.gold.clear()
+    _SHARED.houses.clear()
 
 
 def _params_text(params: str | dict[str, Any] | None, game: str) -> str:
@@ -189,6 +203,7 @@ class TextWorldExpress(base.TextEnv):
     self._gold: list[str] | None = None  # Planned when the expert is first asked.
     self._taken: list[str] = []  # The valid commands of this episode, as the engine names them.
     self._valid: list[str] = []
+    self._room = ""  # CoinCollector: the room the agent is in (for the expert off its path).
     self._score = 0.0
     self._expert_step = 0
 
@@ -203,12 +218,27 @@ class TextWorldExpress(base.TextEnv):
       if _SHARED.owner is self._token:
         _SHARED.owner = None
 
-  def expert_action(self) -> str:
-    """The next command of the gold path ("look around" once it is used up).
+  @property
+  def has_random_actions(self) -> bool:
+    return True  # the engine lists the valid commands of every state
 
-    The path is planned from the reset state, so it is the expert's only while the episode
-    follows it (as expert and warm-start rollouts do).
+  def random_action(self, rng: np.random.Generator) -> str | None:
+    """A uniformly random one of the engine's valid commands (in name order, so a generator
+    state draws the same command in every process)."""
+    return str(rng.choice(sorted(self._valid))) if self._valid else None
+
+  def expert_action(self) -> str:
+    """The expert's next command.
+
+    CoinCollector: the fewest moves to the coin from the room the agent is in. While the
+    episode follows the path planned from the reset (as expert rollouts do) that path is kept;
+    once a move leaves it (a noisy demonstration, a policy's episode taken over), the path is
+    found again from the current room over the game's map of rooms. The other games: the next
+    command of the engine's gold path ("look around" once it is used up), which is the expert's
+    only while the episode follows it.
     """
+    if self.game == "coin":
+      return self._coin_expert()
     if self._gold is None:
       with _SHARED.lock:
         self._gold = _SHARED.gold_path(self.game, self.game_params, self.fold, self._game_seed)
@@ -217,6 +247,19 @@ class TextWorldExpress(base.TextEnv):
     if self._expert_step < len(self._gold):
       return self._gold[self._expert_step]
     return _LOOK
+
+  def _coin_expert(self) -> str:
+    with _SHARED.lock:
+      gold = _SHARED.gold_path(self.game, self.game_params, self.fold, self._game_seed)
+    # Only moves change the room: the other valid commands leave the agent on the path.
+    moves = [c for c in self._taken if c.startswith(_MOVE)]
+    if moves == gold[:len(moves)]:
+      return gold[len(moves)]
+    if _TAKE_COIN in self._valid:
+      return _TAKE_COIN
+    with _SHARED.lock:
+      house = _SHARED.house(self.game_params, self.fold, self._game_seed)
+    return house.next_move(self._room)
 
   def _reset(self, seed: int) -> str:
     with _SHARED.lock:
@@ -231,6 +274,7 @@ class TextWorldExpress(base.TextEnv):
     self._taken = []
     self._expert_step = 0
     self._valid = list(infos["validActions"])
+    self._room = _room_of(infos["look"])
     self._score = float(infos["score"])
     return self._render(f"{infos['taskDescription'].strip()}\n{observation.strip()}")
 
@@ -268,6 +312,7 @@ class TextWorldExpress(base.TextEnv):
     score = float(infos["score"])
     reward, self._score = score - self._score, score
     self._valid = list(infos["validActions"])
+    self._room = _room_of(infos["look"])
     info: dict[str, Any] = {"action_valid": valid, "score": score}
     observation = observation.strip()
     if not valid:
@@ -298,6 +343,74 @@ def _without_furniture(text: str) -> str:
             if "coin" in s or not s.startswith(_FURNITURE_LEADS)]
     lines.append(" ".join(kept))
   return "\n".join(lines)
+
+
+def _room_of(look: str) -> str:
+  """The room's name from the engine's "look" text ("You are in the kitchen. ..."); the whole
+  text where it does not say."""
+  found = _ROOM.match(look)
+  return found.group(1) if found else look
+
+
+class _House:
+  """A CoinCollector game's map: each room's moves and where they lead, and the coin's rooms."""
+
+  def __init__(self, moves: dict[str, dict[str, str]], coin_rooms: set[str]):
+    self.moves = moves
+    self.coin_rooms = coin_rooms
+
+  def next_move(self, room: str) -> str:
+    """The first move of a fewest-moves path from `room` to a room where the coin lies
+    (breadth-first, moves in name order); "take coin" in such a room, "look around" from a room
+    the map does not know or with no way to the coin."""
+    if room in self.coin_rooms:
+      return _TAKE_COIN
+    first = {room: None}
+    frontier = [room]
+    while frontier:
+      following = []
+      for here in frontier:
+        for move, there in sorted(self.moves.get(here, {}).items()):
+          if there in first:
+            continue
+          first[there] = first[here] or move
+          if there in self.coin_rooms:
+            return first[there]
+          following.append(there)
+      frontier = following
+    return _LOOK
+
+
+def _map_the_house(engine, game_seed: int, fold: str) -> _House:
+  """Every room reachable from the start and where each of its moves leads, by replaying a path
+  to the room and then each move (the engine cannot copy a state): rooms x (1 + moves) replays,
+  about 20 for 6 rooms."""
+  def replay(path):
+    infos = engine.reset(seed=game_seed, gameFold=fold, generateGoldPath=False)[1]
+    for action in path:
+      infos = engine.step(action)[3]
+    return infos
+
+  start = _room_of(replay([])["look"])
+  paths = {start: []}  # A way to each room found so far.
+  moves: dict[str, dict[str, str]] = {}
+  coin_rooms: set[str] = set()
+  frontier = [start]
+  while frontier:
+    following = []
+    for room in frontier:
+      valid = replay(paths[room])["validActions"]
+      if _TAKE_COIN in valid:
+        coin_rooms.add(room)
+      moves[room] = {}
+      for move in sorted(a for a in valid if a.startswith(_MOVE)):
+        there = _room_of(replay([*paths[room], move])["look"])
+        moves[room][move] = there
+        if there not in paths:
+          paths[there] = [*paths[room], move]
+          following.append(there)
+    frontier = following
+  return _House(moves, coin_rooms)
 
 
 def _fewest_moves_to_the_coin(engine, game_seed: int, fold: str) -> list[str]:

@@ -24,20 +24,21 @@ SEED_BASE = 500_000_000
 def check_noise(warm_start, make_env) -> None:
   """Refuses action noise the demonstrations cannot have.
 
-  The noise replaces an expert action by a random one of the env's finite action set; an env of
-  free-text actions has no such set, so the setting would silently clone noise-free episodes.
+  The noise replaces an expert action by a random valid one (`env.random_action`); an env of
+  free-text actions that lists no valid ones has none to draw, so the setting would silently
+  clone noise-free episodes.
 
   Raises:
-    ValueError: `expert_noise > 0` on an env without `action_words`.
+    ValueError: `expert_noise > 0` on an env without random actions.
   """
   if not (warm_start.iterations and warm_start.expert_noise):
     return
   env = make_env()
-  if not env.action_words:
+  if not env.has_random_actions:
     raise ValueError(
         f"WarmStartConfig.expert_noise={warm_start.expert_noise} replaces expert actions by random "
-        f"ones of the env's finite action set, and env {env.name!r} has none (free-text "
-        f"actions): set it to 0.0")
+        f"valid ones, and env {env.name!r} has none to draw (free-text actions, no list of valid "
+        f"ones): set it to 0.0")
 
 
 def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_env, allowed,

@@ -168,11 +168,14 @@ ScriptedActor = Callable[[envs_base.TextEnv, np.random.Generator], str]
 
 
 def noisy_expert(noise: float) -> ScriptedActor:
-  """The env's expert action, replaced by a uniformly random valid action with prob. `noise`."""
+  """The env's expert action, replaced by a uniformly random valid action with prob. `noise`
+  (`env.random_action`; envs without one get the expert's)."""
 
   def act(env: envs_base.TextEnv, rng: np.random.Generator) -> str:
-    if noise > 0 and env.action_words and rng.random() < noise:
-      return str(rng.choice(env.action_words))
+    if noise > 0 and env.has_random_actions and rng.random() < noise:
+      action = env.random_action(rng)
+      if action is not None:
+        return action
     return env.expert_action()
 
   return act

@@ -177,6 +177,11 @@ RL_SHARE: tuple[EnvRun, ...] = (
     # That row has 60-90% of its 16 groups tied and a clone spread (0.60-0.70) wider than RL's
     # gain: one clone (seed 0's), twice the groups for twice the iterations, and 1000 held-out
     # questions so the clone's own interval is about +-0.03; 6 seeds.
+    # textworld_express_fewest_clone100's clones from noisy demonstrations: 30% of the commands a
+    # random valid one, the expert finding the coin again from wherever that leads. Greedy, that
+    # row's clone repeats a rejected command about half the time: it never saw a detour; 3 seeds.
+    EnvRun(env="textworld_express_noisy_clone100", gin_file="textworld_express_coin_grpo.gin",
+           bindings=(*TWX_CLONE100, "configs.WarmStartConfig.expert_noise = 0.3")),
     EnvRun(env="search_qa_fresh_one_clone", gin_file="search_qa_grpo.gin", bindings=(
         *SEARCH_QA_FRESH, "configs.TrainConfig.init_seed = 0",
         "configs.TrainConfig.tasks_per_iteration = 32",
@@ -421,7 +426,8 @@ _ENV_OF_METHOD = MappingProxyType({"gca_search_qa": "search_qa", "t1_terminal": 
 _ENV_OF_VARIANT = MappingProxyType({
     "negotiation_sharp": "negotiation", "search_qa_sharp": "search_qa",
     "textworld_express_fewest_charge": "textworld_express_fewest_clone100",
-    "search_qa_fresh_corpora": "search_qa_sharp"})
+    "search_qa_fresh_corpora": "search_qa_sharp",
+    "textworld_express_noisy_clone100": "textworld_express_fewest_clone100"})
 _ENV_ROW_OF = MappingProxyType({**_ENV_OF_METHOD, **_ENV_OF_VARIANT})
 GRPO_GIN = "quickstart.gin"  # the FrozenLake GRPO rows' config
 

@@ -9,7 +9,12 @@ pytest.importorskip("textworld_express", reason="needs the textworld-express pac
 if shutil.which("java") is None:
   pytest.skip("textworld-express needs a Java runtime on PATH", allow_module_level=True)
 
+import numpy as np  # pylint: disable=g-import-not-at-top
+
 from agentrl_jax.envs import registry  # pylint: disable=g-import-not-at-top
+from agentrl_jax.learner import configs  # pylint: disable=g-import-not-at-top
+from agentrl_jax.learner import warm_start  # pylint: disable=g-import-not-at-top
+from agentrl_jax.rollout import loop  # pylint: disable=g-import-not-at-top
 from agentrl_jax.envs import textworld_express_env as twx  # pylint: disable=g-import-not-at-top
 
 import episodes  # pylint: disable=g-import-not-at-top
@@ -243,3 +248,66 @@ def test_the_coin_expert_takes_the_fewest_moves(make_env):
     moves = len(path) - 1
     assert path[-1] == "take coin" and coin_within(seed, moves)
     assert moves == 0 or not coin_within(seed, moves - 1)
+
+
+SIX_ROOMS = "numLocations=6,numDistractorItems=0,includeDoors=0"
+
+
+def _fewest_moves_after(env, seed, prefix, most=6):
+  """The fewest moves from the state after `prefix` to a room where "take coin" is valid, by
+  replaying every move sequence from the reset (independent of the expert's map)."""
+  paths = [[]]
+  for depth in range(most + 1):
+    following = []
+    for path in paths:
+      env.reset(seed)
+      for command in (*prefix, *path):
+        env.step(command)
+      if "take coin" in env.valid_actions:
+        return depth
+      following += [[*path, a] for a in env.valid_actions if a.startswith("move ")]
+    paths = following
+  raise AssertionError(f"no coin within {most} moves of seed {seed} after {prefix}")
+
+
+def test_the_coin_expert_finds_the_coin_again_off_its_path(make_env):
+  # A move off the planned path (a noisy demonstration, a policy's episode taken over): the
+  # expert plans again from the room the agent is in, still the fewest moves.
+  env = make_env(game="coin", game_params=SIX_ROOMS, max_turns=20)
+  detoured = 0
+  for seed in range(6):
+    env.reset(seed)
+    planned = env.expert_action()
+    off = [a for a in sorted(env.valid_actions) if a.startswith("move ") and a != planned]
+    if not off:
+      continue
+    detoured += 1
+    env.reset(seed)
+    env.step(off[0])
+    played = []
+    while not env.done:
+      played.append(env.expert_action())
+      result = env.step(played[-1])
+    assert result.info["success"] and played[-1] == "take coin", (seed, played)
+    assert len(played) - 1 == _fewest_moves_after(env, seed, [off[0]]), (seed, played)
+  assert detoured >= 3
+
+
+def test_noisy_coin_demonstrations_draw_valid_commands_and_still_find_the_coin(make_env):
+  env = make_env(game="coin", game_params=SIX_ROOMS, max_turns=20)
+  act = loop.noisy_expert(0.3)
+  rng = np.random.default_rng(0)
+  drawn = 0
+  for seed in range(8):
+    env.reset(seed)
+    while not env.done:
+      expert = env.expert_action()
+      action = act(env, rng)
+      drawn += action != expert
+      result = env.step(action)
+      assert result.info["action_valid"], (seed, action)
+    assert result.info["success"], seed
+  assert drawn >= 5  # the noise did draw commands other than the expert's
+  # So a warm start may ask for noise on this free-text env.
+  warm_start.check_noise(configs.WarmStartConfig(iterations=1, expert_noise=0.3),
+                         lambda: make_env(game="coin", game_params=SIX_ROOMS))

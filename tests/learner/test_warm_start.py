@@ -130,8 +130,8 @@ def test_the_demonstrations_play_the_warm_start_env_kwargs(tmp_path):
   assert any(not np.array_equal(a, c) for a, c in zip(override, plain))
 
 
-def test_noise_on_an_env_without_a_finite_action_set_is_refused_before_any_compute():
-  # It could only draw from `action_words`: on free text it would clone noise-free episodes.
+def test_noise_on_an_env_without_random_actions_is_refused_before_any_compute():
+  # search_qa lists no valid actions to draw from: it would clone noise-free episodes.
   with pytest.raises(config_errors.ConfigError, match=r"expert_noise=0.2 .* env 'search_qa' has none"):
     learner.build(config=configs.TrainConfig(env_name="search_qa", restrict_to_action_words=False),
                   warm_start=configs.WarmStartConfig(iterations=1, expert_noise=0.2))
