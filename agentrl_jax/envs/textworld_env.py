@@ -27,6 +27,8 @@ import tempfile
 from typing import Any
 import warnings
 
+import numpy as np
+
 from agentrl_jax.envs import base
 from agentrl_jax.envs import registry
 
@@ -119,6 +121,17 @@ class TextWorld(base.TextEnv):
   def admissible_commands(self) -> list[str]:
     """The engine's admissible commands in the current state."""
     return list(self._state["admissible_commands"] or [])
+
+  @property
+  def has_random_actions(self) -> bool:
+    return True  # the engine lists the admissible commands of every state
+
+  def random_action(self, rng: np.random.Generator) -> str | None:
+    """A uniformly random admissible command (in name order, so a generator state draws the
+    same command in every process). The expert plans from the current state
+    (`policy_commands`), so it recovers from wherever the command leads."""
+    commands = sorted(self.admissible_commands)
+    return str(rng.choice(commands)) if commands else None
 
   def close(self) -> None:
     """Closes the engine of the current game."""
