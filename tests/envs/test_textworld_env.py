@@ -12,13 +12,10 @@ import pytest
 
 pytest.importorskip("textworld", reason="needs the textworld package (envs extra)")
 
-import numpy as np  # pylint: disable=g-import-not-at-top
-
 from agentrl_jax.envs import registry  # pylint: disable=g-import-not-at-top
 from agentrl_jax.envs import textworld_env  # pylint: disable=g-import-not-at-top
 from agentrl_jax.learner import configs  # pylint: disable=g-import-not-at-top
 from agentrl_jax.learner import warm_start  # pylint: disable=g-import-not-at-top
-from agentrl_jax.rollout import loop  # pylint: disable=g-import-not-at-top
 
 import episodes  # pylint: disable=g-import-not-at-top
 
@@ -61,19 +58,7 @@ def test_noisy_demonstrations_draw_admissible_commands_and_still_win(cache_dir):
   # The engine's policy_commands are planned from the current state, so the expert recovers
   # from a random admissible command: a warm start may ask for expert noise on this env.
   env = textworld_env.TextWorld(cache_dir=cache_dir, max_turns=30, **COIN)
-  act = loop.noisy_expert(0.3)
-  rng = np.random.default_rng(0)
-  drawn = 0
-  for seed in range(3):
-    env.reset(seed)
-    while not env.done:
-      expert = env.expert_action()
-      action = act(env, rng)
-      drawn += action != expert
-      result = env.step(action)
-      assert result.info["action_valid"], (seed, action)
-    assert result.info["success"], seed
-  assert drawn >= 3
+  assert episodes.noisy_expert_wins(env, range(3)) >= 3  # the noise drew other commands
   warm_start.check_noise(configs.WarmStartConfig(iterations=1, expert_noise=0.3), lambda: env)
   env.close()
 

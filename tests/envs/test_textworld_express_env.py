@@ -9,12 +9,9 @@ pytest.importorskip("textworld_express", reason="needs the textworld-express pac
 if shutil.which("java") is None:
   pytest.skip("textworld-express needs a Java runtime on PATH", allow_module_level=True)
 
-import numpy as np  # pylint: disable=g-import-not-at-top
-
 from agentrl_jax.envs import registry  # pylint: disable=g-import-not-at-top
 from agentrl_jax.learner import configs  # pylint: disable=g-import-not-at-top
 from agentrl_jax.learner import warm_start  # pylint: disable=g-import-not-at-top
-from agentrl_jax.rollout import loop  # pylint: disable=g-import-not-at-top
 from agentrl_jax.envs import textworld_express_env as twx  # pylint: disable=g-import-not-at-top
 
 import episodes  # pylint: disable=g-import-not-at-top
@@ -295,19 +292,7 @@ def test_the_coin_expert_finds_the_coin_again_off_its_path(make_env):
 
 def test_noisy_coin_demonstrations_draw_valid_commands_and_still_find_the_coin(make_env):
   env = make_env(game="coin", game_params=SIX_ROOMS, max_turns=20)
-  act = loop.noisy_expert(0.3)
-  rng = np.random.default_rng(0)
-  drawn = 0
-  for seed in range(8):
-    env.reset(seed)
-    while not env.done:
-      expert = env.expert_action()
-      action = act(env, rng)
-      drawn += action != expert
-      result = env.step(action)
-      assert result.info["action_valid"], (seed, action)
-    assert result.info["success"], seed
-  assert drawn >= 5  # the noise did draw commands other than the expert's
+  assert episodes.noisy_expert_wins(env, range(8)) >= 5  # the noise drew other commands
   # So a warm start may ask for noise on this free-text env.
   warm_start.check_noise(configs.WarmStartConfig(iterations=1, expert_noise=0.3),
                          lambda: make_env(game="coin", game_params=SIX_ROOMS))
