@@ -19,6 +19,7 @@ deterministic, so the replay reproduces the state exactly.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from typing import Any
@@ -345,6 +346,15 @@ def _without_furniture(text: str) -> str:
   return "\n".join(lines)
 
 
+def _replay(engine, game_seed: int, fold: str, path) -> dict[str, Any]:
+  """The engine's infos after `path` from the reset of game `game_seed` (the engine cannot copy
+  a state, so a searched state is reached again from the start)."""
+  infos = engine.reset(seed=game_seed, gameFold=fold, generateGoldPath=False)[1]
+  for action in path:
+    infos = engine.step(action)[3]
+  return infos
+
+
 def _room_of(look: str) -> str:
   """The room's name from the engine's "look" text ("You are in the kitchen. ..."); the whole
   text where it does not say."""
@@ -385,12 +395,7 @@ def _map_the_house(engine, game_seed: int, fold: str) -> _House:
   """Every room reachable from the start and where each of its moves leads, by replaying a path
   to the room and then each move (the engine cannot copy a state): rooms x (1 + moves) replays,
   about 20 for 6 rooms."""
-  def replay(path):
-    infos = engine.reset(seed=game_seed, gameFold=fold, generateGoldPath=False)[1]
-    for action in path:
-      infos = engine.step(action)[3]
-    return infos
-
+  replay = functools.partial(_replay, engine, game_seed, fold)
   start = _room_of(replay([])["look"])
   paths = {start: []}  # A way to each room found so far.
   moves: dict[str, dict[str, str]] = {}
@@ -418,12 +423,7 @@ def _fewest_moves_to_the_coin(engine, game_seed: int, fold: str) -> list[str]:
   from the reset, as the engine cannot copy a state): the moves to the nearest room where
   "take coin" is valid, then "take coin". Moves are tried in name order, so ties break the same
   way in every process."""
-  def replay(path):
-    infos = engine.reset(seed=game_seed, gameFold=fold, generateGoldPath=False)[1]
-    for action in path:
-      infos = engine.step(action)[3]
-    return infos
-
+  replay = functools.partial(_replay, engine, game_seed, fold)
   frontier, seen = [[]], set()
   while frontier:
     following = []
@@ -434,7 +434,7 @@ def _fewest_moves_to_the_coin(engine, game_seed: int, fold: str) -> list[str]:
       if infos["look"] in seen:
         continue
       seen.add(infos["look"])
-      following += [[*path, a] for a in sorted(infos["validActions"]) if a.startswith("move ")]
+      following += [[*path, a] for a in sorted(infos["validActions"]) if a.startswith(_MOVE)]
     frontier = following
   raise RuntimeError(f"CoinCollector game {game_seed} ({fold}): no room holds a coin to take")
 
