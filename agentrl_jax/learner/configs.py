@@ -157,6 +157,10 @@ class WarmStartConfig:
       sharper policy than the one cloned. Greedy actions are the same either way.
     env_kwargs: constructor arguments that override TrainConfig.env_kwargs for the
       demonstrations only (e.g. SFT on a few search corpora, RL on many).
+    reuse_dir: a local directory of finished clones (`learner.clone_store`): a run whose clone
+      is saved there (same warm-start settings, initial weights and first demonstrations)
+      loads it instead of cloning again, and a run whose clone is not saves it there. For
+      several RL seeds from one clone (`TrainConfig.init_seed`). None: always clone.
   """
 
   iterations: int = 0
@@ -166,6 +170,7 @@ class WarmStartConfig:
   micro_batches: int = 1
   temperature: float | None = None
   env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+  reuse_dir: str | None = None
 
   def __post_init__(self):
     config_errors.check_field_types(self)

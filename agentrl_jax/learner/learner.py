@@ -104,6 +104,7 @@ def build(*, config: configs.TrainConfig = configs.TrainConfig(),
         config, model, rollout, loss, tokenizer_path, init_from)
     advantage_fn = assembly.credit_pipeline(config, reward_shapers, corrections)
     warm_start_lib.check_noise(warm_start, assembly.env_with(make_env, warm_start.env_kwargs))
+    warm_start_lib.check_reuse(warm_start)
     if mesh is None and jax.process_count() > 1:
       mesh = mesh_lib.MeshConfig()
     device_mesh = mesh_lib.make_mesh(mesh) if mesh is not None else None

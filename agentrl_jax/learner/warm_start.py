@@ -7,6 +7,8 @@ on several hosts clones the same demonstrations as one host.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +16,7 @@ import optax
 
 from agentrl_jax.learner import assembly
 from agentrl_jax.learner import batches
+from agentrl_jax.learner import clone_store
 from agentrl_jax.learner import step as step_lib
 from agentrl_jax.parallel import multihost
 from agentrl_jax.rollout import loop as loop_lib
@@ -41,33 +44,66 @@ def check_noise(warm_start, make_env) -> None:
         f"ones): set it to 0.0")
 
 
+def check_reuse(warm_start) -> None:
+  """Refuses a `reuse_dir` the clone store cannot use (`clone_store.check_directory`)."""
+  if warm_start.iterations and warm_start.reuse_dir is not None:
+    clone_store.check_directory(warm_start.reuse_dir)
+
+
 def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_env, allowed,
                       temperature, model, writer, device_mesh=None, *, conversation=None):
   """Behaviour cloning on noisy scripted-expert episodes; returns the state with new policy params.
 
-  `temperature` is the sampler's; `warm_start.temperature`, where set, is the one cloned.
+  `temperature` is the sampler's; `warm_start.temperature`, where set, is the one cloned. With
+  `warm_start.reuse_dir` a clone saved there by a run with the same key is loaded instead
+  (`clone_store`); the key covers the warm start's settings, the initial weights, the tokens of
+  the first batch of demonstrations (so the env, its expert and noise, the tokenizer and the
+  conversation format) and the token restriction.
   """
+  cloned_temperature = temperature if warm_start.temperature is None else warm_start.temperature
   optimizer = optax.adam(warm_start.learning_rate)
   sft = step_lib.make_sft_fn(policy_graphdef=graphdef, optimizer=optimizer, allowed=allowed,
-                             temperature=(temperature if warm_start.temperature is None
-                                          else warm_start.temperature),
+                             temperature=cloned_temperature,
                              max_actions=assembly.max_actions(rollout),
                              micro_batches=warm_start.micro_batches)
   demo_runner = loop_lib.RolloutRunner(graphdef, model, tok, rollout, conversation)
   actor = loop_lib.noisy_expert(warm_start.expert_noise)
-  params, opt_state = state.policy_params, optimizer.init(state.policy_params)
   n = warm_start.episodes_per_iteration
   share = multihost.host_share(n)
-  for i in range(warm_start.iterations):
+
+  def demonstrations(i):
     rows = range(share.start, share.stop)
     seeds = [SEED_BASE + i * n + j for j in rows]
     # One generator per demonstration, keyed by its global index: the same demos on any host count.
     actor_rngs = [np.random.default_rng((config.weights_seed, i, j)) for j in rows]
     traj, _ = demo_runner.collect([make_env() for _ in seeds], seeds, list(rows), actor=actor,
                                   actor_rng=actor_rngs)
-    params, opt_state, m = sft(params, opt_state, batches.global_batch(traj, device_mesh))
-    if (i + 1) % 10 == 0 or i + 1 == warm_start.iterations:
-      writer.write(0, {"warm_start/nll": float(m["sft/nll"]), "warm_start/iteration": i + 1})
+    return traj
+
+  first = demonstrations(0)
+
+  def clone():
+    params, opt_state = state.policy_params, optimizer.init(state.policy_params)
+    for i in range(warm_start.iterations):
+      traj = first if i == 0 else demonstrations(i)
+      params, opt_state, m = sft(params, opt_state, batches.global_batch(traj, device_mesh))
+      if (i + 1) % 10 == 0 or i + 1 == warm_start.iterations:
+        writer.write(0, {"warm_start/nll": float(m["sft/nll"]), "warm_start/iteration": i + 1})
+    return params
+
+  if warm_start.reuse_dir is None:
+    params = clone()
+  else:
+    parts = {"warm_start": dataclasses.replace(warm_start, reuse_dir=None),
+             "cloned_temperature": cloned_temperature,
+             "initial_weights": clone_store.digest(state.policy_params),
+             "first_demonstrations": clone_store.digest(first),
+             "allowed": None if allowed is None else clone_store.digest(allowed),
+             "max_actions": assembly.max_actions(rollout)}
+    params, loaded = clone_store.reuse_or_clone(warm_start.reuse_dir, parts, state.policy_params,
+                                                clone)
+    if loaded:
+      writer.write(0, {"warm_start/reused": 1.0})
   # The KL reference is the cloned policy, in buffers of its own: the update donates the state,
   # and one buffer donated as two arguments is refused.
   return state.replace(policy_params=params,

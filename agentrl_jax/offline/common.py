@@ -67,6 +67,7 @@ def drive(workdir: str, method: driver.Method, state: types.ActorCriticState, *,
   demo_env = assembly.env_with(setup.make_env, warm.env_kwargs)
   try:
     warm_start_lib.check_noise(warm, demo_env)
+    warm_start_lib.check_reuse(warm)
   except ValueError as e:
     raise config_errors.ConfigError(f"ValueError: {e}") from e
   files.makedirs(workdir)

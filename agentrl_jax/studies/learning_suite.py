@@ -130,6 +130,10 @@ TWX_CLONE100 = ("configs.WarmStartConfig.iterations = 100",
 SEARCH_QA_FRESH = (
     "configs.TrainConfig.env_kwargs = {'max_turns': 6, 'top_k': 1, 'num_corpora': 1000}",
     "configs.WarmStartConfig.env_kwargs = {'num_corpora': 16}")
+# Every seed from seed 0's clone, computed by the row's first run and loaded by the others from
+# the row's directory (`WarmStartConfig.reuse_dir`).
+ONE_CLONE = ("configs.TrainConfig.init_seed = 0",
+             "configs.WarmStartConfig.reuse_dir = '{workdir}/../clone'")
 RL_SHARE: tuple[EnvRun, ...] = (
     EnvRun(env="frozenlake_short_clone", gin_file="quickstart.gin",
            bindings=("configs.WarmStartConfig.iterations = 10",)),
@@ -188,12 +192,11 @@ RL_SHARE: tuple[EnvRun, ...] = (
         "configs.TrainConfig.num_iterations = 60", "configs.EvalConfig.num_tasks = 1000",
         "configs.EvalConfig.every = 20", *SHARP_SAMPLING)),
     # The noisy row's clone spread (0.265-0.410 over 3 seeds) is as wide as RL's gain: one clone
-    # (seed 0's) and all 1000 dev-fold games held out, so the clone's own interval is about
-    # +-0.03; the same 40 iterations; 6 seeds.
+    # (seed 0's), cloned once for the row, and all 1000 dev-fold games held out, so the clone's
+    # own interval is about +-0.03; the same 40 iterations; 6 seeds.
     EnvRun(env="textworld_express_noisy_one_clone", gin_file="textworld_express_coin_grpo.gin",
-           bindings=(*TWX_CLONE100, "configs.WarmStartConfig.expert_noise = 0.3",
-                     "configs.TrainConfig.init_seed = 0", "configs.EvalConfig.num_tasks = 1000",
-                     "configs.EvalConfig.every = 20")),
+           bindings=(*TWX_CLONE100, "configs.WarmStartConfig.expert_noise = 0.3", *ONE_CLONE,
+                     "configs.EvalConfig.num_tasks = 1000", "configs.EvalConfig.every = 20")),
 )
 SETS = MappingProxyType({"full": FULL, "methods": METHODS, "rl_share": RL_SHARE})
 

@@ -1,5 +1,7 @@
 """The behaviour-cloning warm start hands RL a cloned policy, and with a KL term its own reference."""
 
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ from agentrl_jax.rollout import sampler as sampler_lib
 
 
 def _build(warm_start_iterations=2, sampling_temperature=1.0, clone_temperature=None, seed=0,
-           init_seed=None, env_kwargs=None, demo_env_kwargs=None):
+           init_seed=None, env_kwargs=None, demo_env_kwargs=None, reuse_dir=None, noise=0.3):
   return learner.build(
       config=configs.TrainConfig(env_name="dd_chain",
                                  env_kwargs=env_kwargs or {"horizon": 4, "num_decisions": 2},
@@ -32,7 +34,8 @@ def _build(warm_start_iterations=2, sampling_temperature=1.0, clone_temperature=
       warm_start=configs.WarmStartConfig(iterations=warm_start_iterations, episodes_per_iteration=8,
                                          micro_batches=2, learning_rate=3e-2,
                                          temperature=clone_temperature,
-                                         env_kwargs=demo_env_kwargs or {}),
+                                         env_kwargs=demo_env_kwargs or {},
+                                         reuse_dir=reuse_dir, expert_noise=noise),
       evaluation=configs.EvalConfig(every=100, num_tasks=2, pass_k=0))
 
 
@@ -135,3 +138,33 @@ def test_noise_on_an_env_without_random_actions_is_refused_before_any_compute():
   with pytest.raises(config_errors.ConfigError, match=r"expert_noise=0.2 .* env 'search_qa' has none"):
     learner.build(config=configs.TrainConfig(env_name="search_qa", restrict_to_action_words=False),
                   warm_start=configs.WarmStartConfig(iterations=1, expert_noise=0.2))
+
+
+def _clone_and_metrics(workdir, **kwargs):
+  params = _clone(workdir, **kwargs)
+  rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  return params, {k for row in rows for k in row}
+
+
+def test_a_run_with_the_same_clone_loads_it_and_another_clones_its_own(tmp_path):
+  store = str(tmp_path / "clones")
+  first, first_keys = _clone_and_metrics(tmp_path / "a", seed=0, init_seed=3, reuse_dir=store)
+  again, again_keys = _clone_and_metrics(tmp_path / "b", seed=1, init_seed=3, reuse_dir=store)
+  assert "warm_start/nll" in first_keys and "warm_start/reused" not in first_keys
+  assert "warm_start/reused" in again_keys and "warm_start/nll" not in again_keys
+  for a, b in zip(first, again):
+    np.testing.assert_array_equal(a, b)
+  # Other demonstrations (less noise) are another clone: cloned, not loaded, and saved beside.
+  other, other_keys = _clone_and_metrics(tmp_path / "c", seed=0, init_seed=3, reuse_dir=store,
+                                         noise=0.0)
+  assert "warm_start/nll" in other_keys and "warm_start/reused" not in other_keys
+  assert any(not np.array_equal(a, c) for a, c in zip(first, other))
+  assert len(list((tmp_path / "clones").glob("*.npz"))) == 2
+  # Saving changes nothing: the same run without a store clones the same weights.
+  for a, b in zip(first, _clone(tmp_path / "d", seed=0, init_seed=3)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_clone_store_on_an_object_store_is_refused_before_any_compute():
+  with pytest.raises(config_errors.ConfigError, match=r"reuse_dir='gs://b/clones': must be a local"):
+    _build(reuse_dir="gs://b/clones")
