@@ -197,6 +197,12 @@ RL_SHARE: tuple[EnvRun, ...] = (
     EnvRun(env="textworld_express_noisy_one_clone", gin_file="textworld_express_coin_grpo.gin",
            bindings=(*TWX_CLONE100, "configs.WarmStartConfig.expert_noise = 0.3", *ONE_CLONE,
                      "configs.EvalConfig.num_tasks = 1000", "configs.EvalConfig.every = 20")),
+    # sokoban's env row: clones spread 0.28-0.37 and RL sampled at temperature 1 moved them by
+    # -0.035 to +0.065. Seed 0's clone, cloned once for the row, RL sampled at 0.5, 1000 held-out
+    # puzzles; 6 seeds.
+    EnvRun(env="sokoban_one_clone", gin_file="sokoban_grpo.gin",
+           bindings=(*ONE_CLONE, *SHARP_SAMPLING, "configs.EvalConfig.num_tasks = 1000",
+                     "configs.EvalConfig.every = 15")),
 )
 SETS = MappingProxyType({"full": FULL, "methods": METHODS, "rl_share": RL_SHARE})
 
