@@ -58,3 +58,31 @@ def makedirs(path: str | os.PathLike[str]) -> None:
   """Creates a directory and its parents (on an object store, where directories are implicit,
   nothing is created that a later write would not create anyway)."""
   epath.Path(os.fspath(path)).mkdir(parents=True, exist_ok=True)
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes) -> str:
+  """`write_text` for bytes: whole and atomic, locally or on an object store."""
+  path = os.fspath(path)
+  target = epath.Path(path)
+  target.parent.mkdir(parents=True, exist_ok=True)
+  if is_remote(path):
+    target.write_bytes(data)
+    return path
+  temporary = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
+  with open(temporary, "wb") as f:
+    f.write(data)
+  os.replace(temporary, path)
+  return path
+
+
+def read_bytes(path: str | os.PathLike[str]) -> bytes | None:
+  """The file's bytes, or None when it does not exist."""
+  target = epath.Path(os.fspath(path))
+  return target.read_bytes() if target.exists() else None
+
+
+def remove(path: str | os.PathLike[str]) -> None:
+  """Deletes a file if it exists."""
+  target = epath.Path(os.fspath(path))
+  if target.exists():
+    target.unlink()

@@ -3,10 +3,11 @@
 Several RL seeds from one clone (`TrainConfig.init_seed`) would each clone the same policy
 again: on the slower envs that is most of a seed's time. With `WarmStartConfig.reuse_dir` the
 first run to need a clone computes it and saves its weights there as `<key>.npz`; every later
-run whose clone has the same key loads them instead. The key hashes the configuration that
-determines the clone (the warm start's settings, the initial weights' seed, the env and its
-arguments, the model, the rollout, the tokenizer, the starting checkpoint), not the code: after
-changing an env's expert or the shipped tokenizer, start from an empty directory.
+run whose clone has the same key loads them instead. The key hashes what determines the clone:
+the warm start's settings, the initial weights, the tokens of the first batch of demonstrations
+(so the env, its expert and noise, the tokenizer and the conversation format) and the token
+restriction. A code change that alters only later demonstrations is not seen: after changing an
+env's expert, start from an empty directory.
 
 Runs sharing a directory take a file lock per key, so of several seeds launched together one
 clones and the others wait for its file (a killed run releases the lock; the next one clones).
@@ -18,8 +19,10 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import io
 import json
 import os
+import time
 from typing import Any, Callable, Iterator, Mapping
 
 import jax
@@ -30,6 +33,8 @@ from agentrl_jax import files
 PyTree = Any
 # Part of every key: bump it when the file layout changes.
 _FORMAT = 1
+# How often a run waiting for another's clone checks whether it was asked to stop.
+_POLL_S = 0.5
 
 
 def canonical(value: Any) -> Any:
@@ -77,12 +82,21 @@ def check_directory(directory: str) -> None:
 
 
 @contextlib.contextmanager
-def _locked(directory: str, key: str) -> Iterator[None]:
+def _locked(directory: str, key: str, stop: Callable[[], bool]) -> Iterator[bool]:
+  """Holds the key's lock, polling so that a stop request ends the wait; yields False then."""
   os.makedirs(directory, exist_ok=True)
   with open(os.path.join(directory, f"{key}.lock"), "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+    while True:
+      try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released on close, or if the run dies
+        break
+      except BlockingIOError:
+        if stop():
+          yield False
+          return
+        time.sleep(_POLL_S)
     try:
-      yield
+      yield True
     finally:
       fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -92,25 +106,48 @@ def _named_leaves(tree: PyTree) -> dict[str, Any]:
           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def save(path: str, params: PyTree) -> None:
-  """Writes `params` whole to `path` (a temporary file renamed into place)."""
-  arrays = {name: np.asarray(jax.device_get(leaf)) for name, leaf in _named_leaves(params).items()}
-  temporary = f"{path}.tmp-{os.getpid()}.npz"
-  np.savez(temporary, **arrays)
-  os.replace(temporary, path)
+_META = "__meta__"
+
+
+def save(path: str, tree: PyTree, meta: Mapping[str, Any] | None = None) -> None:
+  """Writes `tree`'s leaves (and `meta`, JSON) whole to `path`, locally or on an object store."""
+  arrays = {name: np.asarray(jax.device_get(leaf)) for name, leaf in _named_leaves(tree).items()}
+  if meta is not None:
+    arrays[_META] = np.asarray(json.dumps(dict(meta)))
+  buffer = io.BytesIO()
+  np.savez(buffer, **arrays)
+  files.write_bytes(path, buffer.getvalue())
 
 
 def load(path: str, like: PyTree) -> PyTree:
-  """The params saved at `path`, placed like the leaves of `like` (same tree, shapes, dtypes).
+  """The tree saved at `path`, placed like the leaves of `like` (same tree, shapes, dtypes).
 
   Raises:
     ValueError: the file cannot be read or does not hold `like`'s leaves, naming what differs.
   """
+  return load_with_meta(path, like)[0]
+
+
+def read_meta(path: str) -> dict[str, Any] | None:
+  """The `meta` saved with the tree at `path`; None if the file is missing, unreadable or has none."""
+  data = files.read_bytes(path)
+  if data is None:
+    return None
   try:
-    with np.load(path) as saved:
+    with np.load(io.BytesIO(data)) as saved:
+      return json.loads(str(saved[_META])) if _META in saved.files else None
+  except Exception:  # a damaged file: whoever loads the tree says so
+    return None
+
+
+def load_with_meta(path: str, like: PyTree) -> tuple[PyTree, dict[str, Any] | None]:
+  """`load`, and the `meta` saved with the tree (None if none was)."""
+  try:
+    with np.load(io.BytesIO(files.read_bytes(path))) as saved:
       arrays = {name: saved[name] for name in saved.files}
-  except Exception as e:  # a truncated or foreign file: zipfile, pickle or OS errors
+  except Exception as e:  # a missing, truncated or foreign file: zipfile, pickle or OS errors
     raise ValueError(f"saved clone {path}: unreadable ({type(e).__name__}: {e})") from e
+  meta = json.loads(str(arrays.pop(_META))) if _META in arrays else None
   expected = _named_leaves(like)
   if set(arrays) != set(expected):
     differ = sorted(set(arrays) ^ set(expected))
@@ -119,26 +156,34 @@ def load(path: str, like: PyTree) -> PyTree:
     if arrays[name].shape != leaf.shape or arrays[name].dtype != leaf.dtype:
       raise ValueError(f"saved clone {path}: leaf {name} is {arrays[name].dtype}"
                        f"{list(arrays[name].shape)}, the model's {leaf.dtype}{list(leaf.shape)}")
-  placed = [jax.device_put(arrays[name], leaf.sharding) for name, leaf in expected.items()]
-  return jax.tree.unflatten(jax.tree.structure(like), placed)
+  placed = [jax.device_put(arrays[name], getattr(leaf, "sharding", None))
+            for name, leaf in expected.items()]
+  return jax.tree.unflatten(jax.tree.structure(like), placed), meta
 
 
 def reuse_or_clone(directory: str, parts: Mapping[str, Any], params: PyTree,
-                   clone: Callable[[], PyTree]) -> tuple[PyTree, bool]:
+                   clone: Callable[[], PyTree | None],
+                   stop: Callable[[], bool] = lambda: False) -> tuple[PyTree | None, bool]:
   """The clone keyed by `parts` from `directory`, or `clone()`'s, saved there for the next run.
 
   `params` are the initial weights, whose tree, shapes and placement a loaded clone takes.
+  `clone()` returns None when it was stopped; so does this, also when `stop()` turns true while
+  another run holds the key's lock.
 
   Returns:
-    `(cloned params, whether they were loaded)`.
+    `(cloned params, whether they were loaded)`; `(None, False)` when stopped.
   """
   directory = os.path.normpath(directory)
   key = key_of(parts)
   path = os.path.join(directory, f"{key}.npz")
-  with _locked(directory, key):
+  with _locked(directory, key, stop) as held:
+    if not held:
+      return None, False
     if os.path.exists(path):
       return load(path, params), True
     cloned = clone()
+    if cloned is None:
+      return None, False
     save(path, cloned)
     files.write_text(os.path.join(directory, f"{key}.json"),
                      json.dumps(canonical(parts), indent=1, sort_keys=True))

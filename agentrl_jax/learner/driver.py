@@ -9,11 +9,12 @@ A method (online GRPO/PPO, DRIFT, Iterative GRPO, AHEAD, RTPO, ...) supplies its
     and at the end, each with its own key (`evaluation_key`), so resumed and uninterrupted runs
     evaluate alike;
   * the warm start, once per run, checkpointed at step 0 so a kill right after it loses nothing;
+    a stop during it keeps its progress, which the next launch resumes (`warm_start_progress`);
   * the logging cadence (`log_every`, always the last iteration), the operative config after the
     first iteration this launch runs, the progress bar;
   * checkpoints every `checkpoint_every` iterations and at the end;
-  * preemption: SIGTERM or Ctrl-C on any host stops every host at the same iteration, with a
-    checkpoint (`preemption.StopRequest`);
+  * preemption: SIGTERM or Ctrl-C on any host stops every host at the same iteration (or
+    warm-start step), with a checkpoint (`preemption.StopRequest`);
   * hooks after every iteration, on the writing process only (`learner.hooks`);
   * the summary.
 """
@@ -31,6 +32,7 @@ from agentrl_jax.learner import checkpoint as checkpoint_lib
 from agentrl_jax.learner import hooks as hooks_lib
 from agentrl_jax.learner import metrics as metrics_lib
 from agentrl_jax.learner import preemption
+from agentrl_jax.learner import warm_start_progress
 from agentrl_jax.parallel import multihost
 
 # Evaluation tags: the key of each evaluation is `fold_in(eval_key, tag)`.
@@ -165,7 +167,12 @@ def run(workdir: str, method: Method, state: Any, *, schedule: Schedule,
   ckpt = checkpoint_lib.Checkpointer(workdir)
   record = _initial_record()
   resumed = ckpt.resume(target=state)  # the newest intact checkpoint; None: from scratch
-  writer.rewind(ckpt.restored_step)  # the records of the iterations about to be re-run go
+  # A warm start stopped part-way: its progress holds the record, and its step-0 metrics stay.
+  warm_record = None if resumed is not None else warm_start_progress.saved_record(workdir)
+  if warm_record:
+    record.update(warm_record)
+  # The records of the iterations about to be re-run go.
+  writer.rewind(ckpt.restored_step if not warm_record else 0)
   resumed_from = ckpt.restored_step
   if resumed is not None:
     state, saved = resumed
@@ -176,37 +183,52 @@ def run(workdir: str, method: Method, state: Any, *, schedule: Schedule,
     print(f"Resuming from the checkpoint at iteration {record['iteration']} in {ckpt.directory}",
           flush=True)
 
-  if evaluate_before and record["success_before"] is None:
-    before = evaluate(method.policy_params(state), BEFORE_TAG)
-    record["success_before"] = before["eval/greedy_success"]
-    writer.write(0, {f"{k}_before": v for k, v in before.items()})
-    print(f"Held-out greedy success before training: {record['success_before']:.3f}", flush=True)
-
-  if warm_start is not None and not record["warm_start_done"]:
-    state = warm_start(state)
-    after = evaluate(method.policy_params(state), WARM_START_TAG)
-    record["success_after_warm_start"] = after["eval/greedy_success"]
-    record["warm_start_done"] = True
-    writer.write(0, {f"{k}_warm_start": v for k, v in after.items()})
-    print(f"Held-out greedy success after the warm start: {record['success_after_warm_start']:.3f}",
-          flush=True)
-    # Memories filled during the warm start (SLEA's library) must survive a kill right after it.
-    record["credit_state"] = [json_state(part.state_dict()) for part in stateful]
-    ckpt.save(0, state, record)
-
-  if prepare is not None:
-    prepared = prepare(state)
-    if prepared:
-      writer.write(0, prepared)
-
-  progress = metrics_lib.ProgressBar(total=schedule.num_iterations, initial=record["iteration"],
-                                     enabled=jax.process_index() == 0)
+  progress = None
   metrics: dict[str, float] = {}
   last_eval: dict[str, float] = {}
   preempted = False
-  first = record["iteration"]
   try:
+    # From here on SIGTERM or Ctrl-C stop the run at the next boundary: a warm-start step or an
+    # iteration.
     with preemption.StopRequest() as stop:
+      if evaluate_before and record["success_before"] is None:
+        before = evaluate(method.policy_params(state), BEFORE_TAG)
+        record["success_before"] = before["eval/greedy_success"]
+        writer.write(0, {f"{k}_before": v for k, v in before.items()})
+        print(f"Held-out greedy success before training: {record['success_before']:.3f}",
+              flush=True)
+
+      if warm_start is not None and not record["warm_start_done"]:
+        session = warm_start_progress.Session(directory=workdir, stop=stop.agreed, record=record)
+        warmed = warm_start(state, session=session)
+        if warmed is None:  # stopped part-way; the session kept its progress
+          preempted = True
+          print("Run the same command to resume the warm start.", flush=True)
+          return Outcome(method=method.name, state=state, iterations=0,
+                         resumed_from=resumed_from, success_before=record["success_before"],
+                         success_after_warm_start=None, success_after=float("nan"),
+                         final_metrics={}, preempted=True)
+        state = warmed
+        after = evaluate(method.policy_params(state), WARM_START_TAG)
+        record["success_after_warm_start"] = after["eval/greedy_success"]
+        record["warm_start_done"] = True
+        writer.write(0, {f"{k}_warm_start": v for k, v in after.items()})
+        print(f"Held-out greedy success after the warm start: "
+              f"{record['success_after_warm_start']:.3f}", flush=True)
+        # Memories filled during the warm start (SLEA's library) must survive a kill right
+        # after it.
+        record["credit_state"] = [json_state(part.state_dict()) for part in stateful]
+        ckpt.save(0, state, record)
+        session.clear()  # the clone is in the checkpoint now
+
+      if prepare is not None:
+        prepared = prepare(state)
+        if prepared:
+          writer.write(0, prepared)
+
+      first = record["iteration"]
+      progress = metrics_lib.ProgressBar(total=schedule.num_iterations, initial=first,
+                                         enabled=jax.process_index() == 0)
       for iteration in range(first, schedule.num_iterations):
         start = time.perf_counter()
         state, metrics, traj = method.iteration(state, iteration)
@@ -240,6 +262,8 @@ def run(workdir: str, method: Method, state: Any, *, schedule: Schedule,
     if not last_eval and not preempted:  # a preempted host has seconds left: no extra evaluation
       last_eval = evaluate(method.policy_params(state), iteration_tag(record["iteration"]))
   finally:
+    if progress is not None:
+      progress.close()
     method.close()
     writer.close()
   return Outcome(

@@ -212,12 +212,12 @@ def build(*, config: configs.TrainConfig = configs.TrainConfig(),
   def evaluate(params, tag: int) -> dict[str, float]:
     return run_eval(multihost.local_replica(params), rng=jax.random.fold_in(eval_key, tag))
 
-  def warm(state, writer):
+  def warm(state, writer, session=None):
     state = warm_start_lib.behaviour_cloning(
         state, policy_graphdef, tok, rollout, warm_start, config,
         assembly.env_with(make_env, warm_start.env_kwargs), allowed, temperature,
-        model, writer, device_mesh, conversation=conversation)
-    if critic_from_policy:  # T1: the critic starts from the cloned policy, not the initial one
+        model, writer, device_mesh, conversation=conversation, session=session)
+    if state is not None and critic_from_policy:  # T1: the critic starts from the clone
       state = _critic_from_cloned_policy(state, model, critic_opt, device_mesh, rules)
     return state
 
@@ -244,7 +244,9 @@ class OnlineRun:
       weights the sampler and evaluation read.
     state: the initial `ActorCriticState`, also the target a checkpoint restores into.
     evaluate: `(policy params, tag) -> eval/ metrics` on the held-out seeds.
-    warm_start: `(state, writer) -> state`, the behaviour-cloning warm start; None without one.
+    warm_start: `(state, writer, session=None) -> state`, the behaviour-cloning warm start
+      (None: stopped part-way, its progress kept in the `warm_start_progress.Session`); None
+      without one.
     stateful: the parts whose memory the checkpoint carries, in checkpoint order.
     own_pipeline: `(estimator, credit pipeline)` for hooks that re-score a batch; None with a
       critic (its values are not available to them).
@@ -253,7 +255,7 @@ class OnlineRun:
   method: "OnlineMethod"
   state: Any
   evaluate: Callable[[Any, int], dict[str, float]]
-  warm_start: Callable[[Any, Any], Any] | None
+  warm_start: Callable[..., Any] | None
   stateful: list[Any]
   schedule: driver.Schedule
   evaluation: configs.EvalConfig

@@ -8,6 +8,7 @@ on several hosts clones the same demonstrations as one host.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,7 @@ from agentrl_jax.learner import assembly
 from agentrl_jax.learner import batches
 from agentrl_jax.learner import clone_store
 from agentrl_jax.learner import step as step_lib
+from agentrl_jax.learner import warm_start_progress
 from agentrl_jax.parallel import multihost
 from agentrl_jax.rollout import loop as loop_lib
 
@@ -51,14 +53,20 @@ def check_reuse(warm_start) -> None:
 
 
 def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_env, allowed,
-                      temperature, model, writer, device_mesh=None, *, conversation=None):
+                      temperature, model, writer, device_mesh=None, *, conversation=None,
+                      session: warm_start_progress.Session | None = None):
   """Behaviour cloning on noisy scripted-expert episodes; returns the state with new policy params.
 
   `temperature` is the sampler's; `warm_start.temperature`, where set, is the one cloned. With
   `warm_start.reuse_dir` a clone saved there by a run with the same key is loaded instead
   (`clone_store`); the key covers the warm start's settings, the initial weights, the tokens of
   the first batch of demonstrations (so the env, its expert and noise, the tokenizer and the
-  conversation format) and the token restriction.
+  conversation format) and the token restriction. With a `session` the cloning resumes from the
+  progress a stopped launch saved, and saves its own (`warm_start_progress`).
+
+  Returns:
+    The state with the cloned policy (and, with a KL term, the clone as its reference); None
+    when `session.stop()` turned true first (the progress is saved).
   """
   cloned_temperature = temperature if warm_start.temperature is None else warm_start.temperature
   optimizer = optax.adam(warm_start.learning_rate)
@@ -70,6 +78,7 @@ def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_en
   actor = loop_lib.noisy_expert(warm_start.expert_noise)
   n = warm_start.episodes_per_iteration
   share = multihost.host_share(n)
+  session = session or warm_start_progress.Session()
 
   def demonstrations(i):
     rows = range(share.start, share.stop)
@@ -81,29 +90,47 @@ def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_en
     return traj
 
   first = demonstrations(0)
+  parts = {"warm_start": dataclasses.replace(warm_start, reuse_dir=None),
+           "cloned_temperature": cloned_temperature,
+           "initial_weights": clone_store.digest(state.policy_params),
+           "first_demonstrations": clone_store.digest(first),
+           "allowed": None if allowed is None else clone_store.digest(allowed),
+           "max_actions": assembly.max_actions(rollout)}
+  key = clone_store.key_of(parts)
 
   def clone():
     params, opt_state = state.policy_params, optimizer.init(state.policy_params)
-    for i in range(warm_start.iterations):
+    start = 0
+    restored = session.restore(key, (params, opt_state))
+    if restored is not None:
+      (params, opt_state), start = restored
+      print(f"Resuming the warm start at step {start} of {warm_start.iterations}", flush=True)
+    saved_at = time.monotonic()
+    for i in range(start, warm_start.iterations):
+      if session.stop():
+        session.save(key, (params, opt_state), i)
+        print(f"Stopped the warm start at step {i} of {warm_start.iterations}"
+              + ("; its progress is saved" if session.saves else ""), flush=True)
+        return None
       traj = first if i == 0 else demonstrations(i)
       params, opt_state, m = sft(params, opt_state, batches.global_batch(traj, device_mesh))
       if (i + 1) % 10 == 0 or i + 1 == warm_start.iterations:
         writer.write(0, {"warm_start/nll": float(m["sft/nll"]), "warm_start/iteration": i + 1})
+      if (i + 1 < warm_start.iterations
+          and time.monotonic() - saved_at >= session.save_every_s):
+        session.save(key, (params, opt_state), i + 1)
+        saved_at = time.monotonic()
     return params
 
   if warm_start.reuse_dir is None:
     params = clone()
   else:
-    parts = {"warm_start": dataclasses.replace(warm_start, reuse_dir=None),
-             "cloned_temperature": cloned_temperature,
-             "initial_weights": clone_store.digest(state.policy_params),
-             "first_demonstrations": clone_store.digest(first),
-             "allowed": None if allowed is None else clone_store.digest(allowed),
-             "max_actions": assembly.max_actions(rollout)}
     params, loaded = clone_store.reuse_or_clone(warm_start.reuse_dir, parts, state.policy_params,
-                                                clone)
+                                                clone, stop=session.stop)
     if loaded:
       writer.write(0, {"warm_start/reused": 1.0})
+  if params is None:
+    return None
   # The KL reference is the cloned policy, in buffers of its own: the update donates the state,
   # and one buffer donated as two arguments is refused.
   return state.replace(policy_params=params,

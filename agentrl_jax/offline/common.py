@@ -78,11 +78,11 @@ def drive(workdir: str, method: driver.Method, state: types.ActorCriticState, *,
     return setup.evaluate(multihost.local_replica(params), evaluation,
                           jax.random.fold_in(eval_key, tag))
 
-  def warm_start(state):
+  def warm_start(state, session=None):
     return warm_start_lib.behaviour_cloning(
         state, setup.graphdef, setup.tokenizer, setup.rollout, warm, config, demo_env,
         setup.allowed, setup.temperature, setup.model, writer,
-        conversation=setup.runner.conversation)
+        conversation=setup.runner.conversation, session=session)
 
   outcome = driver.run(
       workdir, method, state,

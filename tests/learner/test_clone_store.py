@@ -55,3 +55,22 @@ def test_runs_launched_together_clone_once(tmp_path):
     t.join()
   assert len(calls) == 1
   assert sorted(loaded for _, loaded in results) == [False, True]
+
+
+def test_a_run_asked_to_stop_while_another_clones_stops_waiting(tmp_path):
+  started, release = threading.Event(), threading.Event()
+
+  def held_clone():
+    started.set()
+    release.wait(timeout=30)  # holds the lock until the stopped run has returned
+    return _params()
+
+  holder = threading.Thread(target=clone_store.reuse_or_clone,
+                            args=(str(tmp_path), {"k": 1}, _params(), held_clone))
+  holder.start()
+  started.wait()
+  # Had it waited for the lock, it would have found the other run's clone and loaded it.
+  assert clone_store.reuse_or_clone(str(tmp_path), {"k": 1}, _params(), _params,
+                                    stop=lambda: True) == (None, False)
+  release.set()
+  holder.join()

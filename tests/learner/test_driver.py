@@ -133,7 +133,7 @@ def test_sigterm_stops_with_a_checkpoint_and_the_resume_is_exact(tmp_path):
 def test_warm_start_runs_once_and_prepare_runs_every_launch(tmp_path):
   calls = {"warm": 0, "prepare": 0}
 
-  def warm(state):
+  def warm(state, session):
     calls["warm"] += 1
     return state.replace(policy_params={"w": state.policy_params["w"] + 100.0})
 
@@ -151,6 +151,32 @@ def test_warm_start_runs_once_and_prepare_runs_every_launch(tmp_path):
       100.0 + 1000.0 * driver.WARM_START_TAG]
   # The second launch's prepare saw the restored state (after 2 iterations).
   assert [r["prepared/w"] for r in rows if "prepared/w" in r] == [100.0, 103.0]
+
+
+def test_a_warm_start_stopped_part_way_is_run_again_by_the_next_launch(tmp_path):
+  sessions = []
+
+  def warm(state, session):
+    sessions.append(session)
+    if len(sessions) == 1:  # asked to stop: the session keeps the progress and the record
+      session.save("key", state.policy_params, next_step=1)
+      return None
+    return state.replace(policy_params={"w": state.policy_params["w"] + 100.0})
+
+  stopped, method = _run(tmp_path, n=2, warm_start=warm)
+  assert stopped.preempted and stopped.iterations == 0 and method.closed
+  assert not (tmp_path / "checkpoints").exists() or _checkpoints(tmp_path) == []
+  assert sessions[0].directory == str(tmp_path) and not sessions[0].stop()
+  assert (tmp_path / "warm_start_progress.npz").exists()
+  outcome, _ = _run(tmp_path, n=2, warm_start=warm)
+  assert len(sessions) == 2 and not outcome.preempted
+  assert float(outcome.state.policy_params["w"]) == 100 + 1 + 2
+  assert _checkpoints(tmp_path) == [0, 2]
+  # The evaluation before training ran once: the progress held the record and its metrics stayed.
+  assert outcome.success_before == 0.0
+  assert sum("eval/greedy_success_before" in r for r in _rows(tmp_path)) == 1
+  # Once the clone is in the step-0 checkpoint its progress file goes.
+  assert not (tmp_path / "warm_start_progress.npz").exists()
 
 
 def test_a_failing_iteration_still_closes_the_method(tmp_path):

@@ -11,6 +11,7 @@ from agentrl_jax.learner import configs
 from agentrl_jax.learner import learner
 from agentrl_jax.learner import metrics as metrics_lib
 from agentrl_jax.learner import step as step_lib
+from agentrl_jax.learner import warm_start_progress
 from agentrl_jax.models import transformer
 from agentrl_jax.rollout import loop as loop_lib
 from agentrl_jax.rollout import sampler as sampler_lib
@@ -168,3 +169,32 @@ def test_a_run_with_the_same_clone_loads_it_and_another_clones_its_own(tmp_path)
 def test_a_clone_store_on_an_object_store_is_refused_before_any_compute():
   with pytest.raises(config_errors.ConfigError, match=r"reuse_dir='gs://b/clones': must be a local"):
     _build(reuse_dir="gs://b/clones")
+
+
+def _warm(workdir, session, **kwargs):
+  run = _build(**kwargs)
+  try:
+    writer = metrics_lib.MetricsWriter(str(workdir), process_index=0)
+    state = run.warm_start(run.state, writer, session=session)
+    writer.close()
+    return None if state is None else _leaves(state.policy_params)
+  finally:
+    run.method.close()
+
+
+def test_a_warm_start_stopped_part_way_resumes_to_the_uninterrupted_clone(tmp_path):
+  whole = _clone(tmp_path / "whole", warm_start_iterations=4)
+  asked = iter([False, False])  # then True: stop before step 2, after saving at steps 1 and 2
+  session = warm_start_progress.Session(str(tmp_path / "run"), stop=lambda: next(asked, True),
+                                        save_every_s=0.0)
+  assert _warm(tmp_path / "run", session, warm_start_iterations=4) is None
+  assert (tmp_path / "run" / warm_start_progress.FILE).exists()
+  resumed = _warm(tmp_path / "run", warm_start_progress.Session(str(tmp_path / "run")),
+                  warm_start_iterations=4)
+  for a, b in zip(whole, resumed):
+    np.testing.assert_array_equal(a, b)
+  # Another warm start's progress (other demonstrations) is not resumed: it clones from step 0.
+  other = _warm(tmp_path / "run", warm_start_progress.Session(str(tmp_path / "run")),
+                warm_start_iterations=4, noise=0.0)
+  for a, b in zip(_clone(tmp_path / "other", warm_start_iterations=4, noise=0.0), other):
+    np.testing.assert_array_equal(a, b)
