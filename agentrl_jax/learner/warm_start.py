@@ -52,6 +52,17 @@ def check_reuse(warm_start) -> None:
     clone_store.check_directory(warm_start.reuse_dir)
 
 
+def _clone_parts(warm_start, cloned_temperature, initial_params, first_demonstrations, allowed,
+                 max_actions) -> dict:
+  """What determines a clone, as the clone store and the saved progress key it."""
+  return {"warm_start": dataclasses.replace(warm_start, reuse_dir=None),
+          "cloned_temperature": cloned_temperature,
+          "initial_weights": clone_store.digest(initial_params),
+          "first_demonstrations": clone_store.digest(first_demonstrations),
+          "allowed": None if allowed is None else clone_store.digest(allowed),
+          "max_actions": max_actions}
+
+
 def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_env, allowed,
                       temperature, model, writer, device_mesh=None, *, conversation=None,
                       session: warm_start_progress.Session | None = None):
@@ -90,12 +101,8 @@ def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_en
     return traj
 
   first = demonstrations(0)
-  parts = {"warm_start": dataclasses.replace(warm_start, reuse_dir=None),
-           "cloned_temperature": cloned_temperature,
-           "initial_weights": clone_store.digest(state.policy_params),
-           "first_demonstrations": clone_store.digest(first),
-           "allowed": None if allowed is None else clone_store.digest(allowed),
-           "max_actions": assembly.max_actions(rollout)}
+  parts = _clone_parts(warm_start, cloned_temperature, state.policy_params, first, allowed,
+                       assembly.max_actions(rollout))
   key = clone_store.key_of(parts)
 
   def clone():
