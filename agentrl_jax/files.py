@@ -86,3 +86,7 @@ def remove(path: str | os.PathLike[str]) -> None:
   target = epath.Path(os.fspath(path))
   if target.exists():
     target.unlink()
+
+
+def exists(path: str | os.PathLike[str]) -> bool:
+  return epath.Path(os.fspath(path)).exists()

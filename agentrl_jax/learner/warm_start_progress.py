@@ -59,7 +59,7 @@ class Session:
     Progress of another warm start (its settings changed) or an unreadable file is set aside
     with one line: the warm start then begins at step 0.
     """
-    if not self.saves or files.read_bytes(self.path) is None:
+    if not self.saves or not files.exists(self.path):
       return None
     try:
       tree, meta = clone_store.load_with_meta(self.path, like)
