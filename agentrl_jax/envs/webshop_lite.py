@@ -168,6 +168,19 @@ class WebShopLite(base.TextEnv):
       return [f"click[{p.pid}]" for p in self._results] + ["back"]
     return [f"select[{s}]" for s in self._product.sizes] + ["buy", "back"]
 
+  @property
+  def has_random_actions(self) -> bool:
+    return True  # every page lists its actions; the search page's query is drawn from titles
+
+  def random_action(self, rng: np.random.Generator) -> str | None:
+    """A uniformly random action of the current page other than `buy`, which would end the
+    episode with nothing left to recover from; on the search page a search for a random title
+    (color, material, category), so the results usually lack the target."""
+    if self._page == "search":
+      words = (str(rng.choice(COLORS)), str(rng.choice(MATERIALS)), str(rng.choice(CATEGORIES)))
+      return f"search[{' '.join(words)}]"
+    return str(rng.choice([a for a in self.available_actions() if a != "buy"]))
+
   def expert_action(self) -> str:
     """Search the goal's words, open the target, select the size, buy."""
     goal = self.goal

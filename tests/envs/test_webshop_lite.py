@@ -2,10 +2,13 @@
 
 import random
 
+import numpy as np
 import pytest
 
 from agentrl_jax.envs import registry
 from agentrl_jax.envs import webshop_lite
+from agentrl_jax.learner import configs
+from agentrl_jax.learner import warm_start
 
 import episodes
 
@@ -154,3 +157,18 @@ def test_unknown_product_and_size_are_invalid():
   result = env.step("select[XXXL]")
   assert "size 'XXXL' is not offered" in result.observation
   assert not result.info["action_valid"]
+
+
+def test_noisy_demonstrations_draw_valid_actions_and_the_expert_still_buys_the_target():
+  env = webshop_lite.WebShopLite(max_turns=30)
+  assert episodes.noisy_expert_wins(env, range(20)) >= 10  # the noise drew other actions
+  # The search page's noise searches other titles; it never buys.
+  rng = np.random.default_rng(1)
+  env.reset(3)
+  queries = {env.random_action(rng) for _ in range(20)}
+  assert len(queries) > 5 and all(q.startswith("search[") for q in queries)
+  env.step(env.expert_action())
+  env.step(env.expert_action())  # on the target's page: select, buy or back
+  assert "buy" not in {env.random_action(rng) for _ in range(50)}
+  warm_start.check_noise(configs.WarmStartConfig(iterations=1, expert_noise=0.3),
+                         lambda: webshop_lite.WebShopLite())
