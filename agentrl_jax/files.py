@@ -23,22 +23,8 @@ def join(directory: str | os.PathLike[str], *names: str) -> str:
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> str:
-  """Writes a file whole and atomically: no reader ever sees half of it.
-
-  Locally through a renamed temporary file (named by host and pid, so hosts sharing a workdir
-  never write the same temporary); on an object store as one upload, which is atomic already.
-  """
-  path = os.fspath(path)
-  target = epath.Path(path)
-  target.parent.mkdir(parents=True, exist_ok=True)
-  if is_remote(path):
-    target.write_text(text)
-    return path
-  temporary = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
-  with open(temporary, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(temporary, path)
-  return path
+  """Writes a file whole and atomically: no reader ever sees half of it (see `write_bytes`)."""
+  return write_bytes(path, text.encode("utf-8"))
 
 
 def read_text(path: str | os.PathLike[str]) -> str | None:
@@ -61,7 +47,11 @@ def makedirs(path: str | os.PathLike[str]) -> None:
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> str:
-  """`write_text` for bytes: whole and atomic, locally or on an object store."""
+  """Writes a file whole and atomically: no reader ever sees half of it.
+
+  Locally through a renamed temporary file (named by host and pid, so hosts sharing a workdir
+  never write the same temporary); on an object store as one upload, which is atomic already.
+  """
   path = os.fspath(path)
   target = epath.Path(path)
   target.parent.mkdir(parents=True, exist_ok=True)
