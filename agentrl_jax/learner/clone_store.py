@@ -138,7 +138,8 @@ def load(path: str, like: PyTree) -> PyTree:
 
 
 def read_meta(path: str) -> dict[str, Any] | None:
-  """The `meta` saved with the tree at `path`; None if the file is missing, unreadable or has none."""
+  """The `meta` saved with the tree at `path`; None if the file is missing, unreadable or has
+  none."""
   if not files.exists(path):
     return None
   try:

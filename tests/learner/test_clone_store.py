@@ -30,7 +30,8 @@ def test_a_saved_clone_loads_back_equal_and_a_mismatched_one_is_refused(tmp_path
   clone_store.save(path, _params())
   loaded = clone_store.load(path, _params())
   np.testing.assert_array_equal(loaded["layer"]["w"], _params()["layer"]["w"])
-  with pytest.raises(ValueError, match=r"k.npz: leaf \['layer'\]\['w'\] is float32\[3, 2\], the model's float32\[4, 2\]"):
+  mismatch = r"k.npz: leaf \['layer'\]\['w'\] is float32\[3, 2\], the model's float32\[4, 2\]"
+  with pytest.raises(ValueError, match=mismatch):
     clone_store.load(path, _params(4))
   with open(path, "r+b") as f:
     f.truncate(40)

@@ -167,7 +167,8 @@ def test_a_run_with_the_same_clone_loads_it_and_another_clones_its_own(tmp_path)
 
 
 def test_a_clone_store_on_an_object_store_is_refused_before_any_compute():
-  with pytest.raises(config_errors.ConfigError, match=r"reuse_dir='gs://b/clones': must be a local"):
+  with pytest.raises(config_errors.ConfigError,
+                     match=r"reuse_dir='gs://b/clones': must be a local"):
     _build(reuse_dir="gs://b/clones")
 
 
