@@ -137,13 +137,18 @@ def load(path: str, like: PyTree) -> PyTree:
   return load_with_meta(path, like)[0]
 
 
+def _source(path: str):
+  """What `np.load` reads: a local file in place, an object store's file fetched whole."""
+  return io.BytesIO(files.read_bytes(path)) if files.is_remote(path) else path
+
+
 def read_meta(path: str) -> dict[str, Any] | None:
   """The `meta` saved with the tree at `path`; None if the file is missing, unreadable or has
   none."""
   if not files.exists(path):
     return None
   try:
-    with np.load(io.BytesIO(files.read_bytes(path)) if files.is_remote(path) else path) as saved:
+    with np.load(_source(path)) as saved:
       return json.loads(str(saved[_META])) if _META in saved.files else None
   except Exception:  # a damaged file: whoever loads the tree says so
     return None
@@ -152,8 +157,7 @@ def read_meta(path: str) -> dict[str, Any] | None:
 def load_with_meta(path: str, like: PyTree) -> tuple[PyTree, dict[str, Any] | None]:
   """`load`, and the `meta` saved with the tree (None if none was)."""
   try:
-    source = io.BytesIO(files.read_bytes(path)) if files.is_remote(path) else path
-    with np.load(source) as saved:
+    with np.load(_source(path)) as saved:
       arrays = {name: saved[name] for name in saved.files}
   except Exception as e:  # a missing, truncated or foreign file: zipfile, pickle or OS errors
     raise ValueError(f"saved clone {path}: unreadable ({type(e).__name__}: {e})") from e
