@@ -103,10 +103,12 @@ def bench_generation(batch: int, prompt_len: int, new_tokens: int, repeats: int)
 
 
 def matmul_peak(n: int, repeats: int, dtype=jnp.float32) -> float:
-  """Best FLOP/s of an [n, n] @ [n, n] matmul in `dtype` (float32 unless told)."""
+  """Best FLOP/s of an [n, n] @ [n, n] matmul with `dtype` operands (float32 unless told),
+  summed in float32 as the model's matmuls are (XLA:CPU runs bfloat16 operands with a
+  bfloat16 result on a path about 4x slower than with a float32 one)."""
   a = jax.random.normal(jax.random.key(0), (n, n), dtype)
   b = jax.random.normal(jax.random.key(1), (n, n), dtype)
-  mm = jax.jit(jnp.dot)
+  mm = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
   return 2 * n ** 3 / best_time(lambda: mm(a, b), repeats)
 
 

@@ -27,6 +27,7 @@ from flax import nnx
 
 from agentrl_jax import config_errors
 from agentrl_jax.models import attention
+from agentrl_jax.models import mixed_matmul
 
 # Logical axis names (DESIGN.md "Models and sharding").
 BATCH, SEQ, EMBED, MLP, HEADS, KV, VOCAB, TURN, EXPERT = (
@@ -301,7 +302,8 @@ def dense(x: jax.Array, w: jax.Array, contract: int = 1, out_dtype=None) -> jax.
   """x [..., *w.shape[:contract]] times w [*in, *out] -> [..., *out], as one 2-D matmul.
 
   The weight is cast to x's dtype (the compute dtype; a no-op in float32) and the products
-  accumulate in float32; the result is in `out_dtype` (default: x's dtype).
+  accumulate in float32; the result is in `out_dtype` (default: x's dtype). In bfloat16 the
+  gradient matmuls take bfloat16 operands too (`mixed_matmul`).
 
   Leading activation dims (batch, time) and the weight's input and output dims are flattened
   first: XLA:CPU computes the weight gradient of a contraction with several free activation dims
@@ -315,8 +317,7 @@ def dense(x: jax.Array, w: jax.Array, contract: int = 1, out_dtype=None) -> jax.
   if x.dtype == jnp.float32:  # the float32 path exactly as it always was
     y = x.reshape(-1, k) @ w.reshape(k, -1)
   else:
-    y = jnp.matmul(x.reshape(-1, k), w.reshape(k, -1).astype(x.dtype),
-                   preferred_element_type=jnp.float32)
+    y = mixed_matmul.mixed_matmul(x.reshape(-1, k), w.reshape(k, -1), jnp.dtype(out_dtype))
   return y.reshape(*lead, *out_shape).astype(out_dtype)
 
 

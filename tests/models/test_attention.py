@@ -92,6 +92,31 @@ def test_gradients_match_autodiff_of_plain_attention(block, alibi):
     np.testing.assert_allclose(g, w, atol=2e-5, err_msg=f"d{name}")
 
 
+def test_bfloat16_gradients_take_bfloat16_operands_and_follow_float32():
+  # With bfloat16 inputs the backward's products take bfloat16 operands (XLA:CPU's fast path,
+  # and the accelerators' mode); the gradients stay within bfloat16 rounding of the float32 ones.
+  q, k, v, allowed, _ = map(jnp.asarray, _case(3, t=12, s=12))
+  weights = jax.random.normal(jax.random.key(1), q.shape)
+
+  def loss(q, k, v):
+    out = attention.attend(q, _heads_major(k), _heads_major(v), allowed, block=4)
+    return jnp.sum(weights * out.astype(jnp.float32))
+
+  half = tuple(x.astype(jnp.bfloat16) for x in (q, k, v))
+  grad = jax.grad(loss, argnums=(0, 1, 2))
+  got, want = jax.jit(grad)(*half), grad(*(x.astype(jnp.float32) for x in half))
+  for name, g, w in zip("qkv", got, want):
+    assert g.dtype == jnp.bfloat16
+    scale = float(jnp.max(jnp.abs(w)))
+    np.testing.assert_allclose(g.astype(jnp.float32), w, atol=0.03 * scale, err_msg=f"d{name}")
+  dots = [e for e in jax.make_jaxpr(grad)(*half).jaxpr.eqns if e.primitive.name == "scan"]
+  backward = str(dots[-1].params["jaxpr"])  # the last loop is the backward's
+  assert "dot_general" in backward and "f32[" in backward
+  operand_dtypes = {str(v.aval.dtype) for e in dots[-1].params["jaxpr"].jaxpr.eqns
+                    if e.primitive.name == "dot_general" for v in e.invars}
+  assert operand_dtypes == {"bfloat16"}, operand_dtypes
+
+
 def test_default_block_fits_the_scores_in_cache_on_cpu_and_is_whole_off_it(monkeypatch):
   assert attention.default_block(100) == attention.CPU_BLOCK
   assert attention.default_block(5) == 5
