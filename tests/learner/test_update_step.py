@@ -36,10 +36,10 @@ def _traj(outcome):
   return jax.tree.map(jnp.asarray, t)
 
 
-def _state_and_update(entropy_coef=0.0):
-  cfg = tfm.tiny(V, d_model=16, num_heads=2, mlp_dim=32)
+def _state_and_update(entropy_coef=0.0, dtype="float32", optimizer=None):
+  cfg = tfm.tiny(V, d_model=16, num_heads=2, mlp_dim=32, dtype=dtype)
   graphdef, params = tfm.create(cfg, seed=0)
-  opt = optax.adam(1e-2)
+  opt = optimizer or optax.adam(1e-2)
   state = types.ActorCriticState(step=jnp.zeros((), jnp.int32),
                                  rng=jax.random.key_data(jax.random.key(0)),
                                  policy_params=params, policy_opt_state=opt.init(params))
@@ -141,3 +141,23 @@ def test_nan_logits_skip_the_step():
   assert float(metrics["loss/skipped_nonfinite"]) == 1
   for a, b in zip(before, _leaves(state.policy_params)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_bfloat16_update_follows_the_float32_update():
+  # The same GRPO step with the policy computing in bfloat16 (its gradient matmuls too): the
+  # parameters stay float32 and move as the float32 step moves them, within bfloat16 rounding.
+  # Plain SGD, so the step is the gradient itself (Adam's first step is its sign).
+  deltas = {}
+  for dtype in ("float32", "bfloat16"):
+    state, update = _state_and_update(dtype=dtype, optimizer=optax.sgd(1.0))
+    before = _leaves(state.policy_params)
+    new_state, metrics = update(state, _traj([1.0, 0.0, 0.0, 1.0]))
+    assert all(x.dtype == np.float32 for x in _leaves(new_state.policy_params))
+    assert np.isfinite(float(metrics["loss/policy"]))
+    deltas[dtype] = np.concatenate(
+        [(a - b).ravel() for a, b in zip(_leaves(new_state.policy_params), before)])
+  full, half = deltas["float32"], deltas["bfloat16"]
+  assert np.linalg.norm(full) > 0
+  cosine = full @ half / (np.linalg.norm(full) * np.linalg.norm(half))
+  assert cosine > 0.99, cosine
+  np.testing.assert_allclose(np.linalg.norm(half), np.linalg.norm(full), rtol=0.05)
