@@ -6,8 +6,9 @@ downloaded or read from disk), in the compute dtype `--dtype` and attention `--a
   * learner update (GRPO + Adam, `learner_memory.build_update`) on `--batch` random rows of
     `--length` tokens: wall time (best of `--repeats` after a compiling call), analytic FLOPs
     (`models.update_flops`: 3 × forward, so remat's recomputation is not credited), and the MFU
-    those give against two peaks: an [n, n] @ [n, n] matmul in the compute dtype measured in this
-    process (`models.matmul_peak`), and `--nominal_tflops` (default: H200 bf16 dense, 989).
+    those give against two peaks: an [n, n] @ [n, n] matmul on compute-dtype operands summed in
+    float32, measured in this process (`models.matmul_peak`), and `--nominal_tflops` (default:
+    H200 bf16 dense, 989).
   * greedy sampling of our jitted turn sampler (`smollm2_sampling.our_sampler`: prefill of a
     `--prompt`-token prompt, then `--new_tokens` decode steps over a KV cache) on
     `--sample_batch` rows: sampled tokens/s.
