@@ -109,10 +109,10 @@ def test_bfloat16_gradients_take_bfloat16_operands_and_follow_float32():
     assert g.dtype == jnp.bfloat16
     scale = float(jnp.max(jnp.abs(w)))
     np.testing.assert_allclose(g.astype(jnp.float32), w, atol=0.03 * scale, err_msg=f"d{name}")
-  dots = [e for e in jax.make_jaxpr(grad)(*half).jaxpr.eqns if e.primitive.name == "scan"]
-  backward = str(dots[-1].params["jaxpr"])  # the last loop is the backward's
-  assert "dot_general" in backward and "f32[" in backward
-  operand_dtypes = {str(v.aval.dtype) for e in dots[-1].params["jaxpr"].jaxpr.eqns
+  scans = [e for e in jax.make_jaxpr(grad)(*half).jaxpr.eqns if e.primitive.name == "scan"]
+  backward = scans[-1].params["jaxpr"]  # the last loop is the backward's
+  assert "dot_general" in str(backward) and "f32[" in str(backward)
+  operand_dtypes = {str(v.aval.dtype) for e in backward.jaxpr.eqns
                     if e.primitive.name == "dot_general" for v in e.invars}
   assert operand_dtypes == {"bfloat16"}, operand_dtypes
 
