@@ -155,7 +155,7 @@ def main():
           f"sampler could reach: {t_ref / (prefill + decode):.2f}x")
     # The bfloat16 sampling copy, cast once as the rollout loop does.
     graphdef16, config16 = low_precision.sampling_model(graphdef, config, "bfloat16")
-    params16 = low_precision.bfloat16_copy(params)
+    params16 = low_precision.sampling_params(params, config)
     t16, ours16 = best_time(our_sampler(config16, graphdef16, params16, prompt, new,
                                         low_precision.cache_dtype("bfloat16")), args.repeats)
     print(f"  ours, bfloat16 copy   {n / t16:>8,.0f} tokens/s  ({t16:.2f} s); "

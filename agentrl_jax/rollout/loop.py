@@ -431,7 +431,7 @@ class RolloutRunner:
     if actor is None:
       kv_dtype = low_precision.cache_dtype(cfg.sampling_dtype)
       if cfg.sampling_dtype is not None:  # cast once here, not in every decode step
-        params = low_precision.bfloat16_copy(params)
+        params = low_precision.sampling_params(params, self.model_config)
       if cfg.grow_cache:
         cache = sampler_lib.growing_cache(self._sampling_model, b, cfg.cache_capacity,
                                           cfg.cache_steps_per_doubling, dtype=kv_dtype)

@@ -50,7 +50,8 @@ def sampling_model(graphdef: nnx.GraphDef, model_config: transformer.Transformer
     raise ValueError("RolloutConfig.sampling_dtype needs the policy to be a plain "
                      "transformer.Transformer of its TransformerConfig; this policy's module "
                      "differs, so leave sampling_dtype None")
-  config = dataclasses.replace(model_config, dtype=dtype)
+  # Untied: the copy carries the tied head as its own [D, V] weight (`sampling_params`).
+  config = dataclasses.replace(model_config, dtype=dtype, tie_embeddings=False)
   return _abstract_graphdef(config), config
 
 
@@ -64,6 +65,27 @@ def bfloat16_copy(params: Any) -> Any:
   """`params` with every floating-point leaf in bfloat16 (integer leaves as they are)."""
   return jax.tree.map(
       lambda x: x.astype(jnp.bfloat16) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+
+
+def sampling_params(params: Any, model_config: transformer.TransformerConfig) -> Any:
+  """The bfloat16 copy `sampling_model`'s module reads: `bfloat16_copy(params)`, plus, for tied
+  embeddings, the head written out as its own [D, V] weight (`embed` transposed once per rollout).
+
+  The tied head computes h @ embedᵀ; XLA:CPU runs a bfloat16 dot with a transposed operand
+  through float32 (the whole 49152 x 576 table converted, about 5x the plain [N, K] @ [K, M]
+  on SmolLM2's decode step), so the copy stores the transpose instead.
+  """
+  copy = bfloat16_copy(params)
+  if not model_config.tie_embeddings:
+    return copy
+  head = _transposed(copy["embed"][...])
+  return nnx.State({**copy, "lm_head": nnx.Param(head, logical_axes=(transformer.EMBED,
+                                                                     transformer.VOCAB))})
+
+
+@jax.jit
+def _transposed(x: jax.Array) -> jax.Array:
+  return x.T
 
 
 def cache_dtype(dtype: str | None):
