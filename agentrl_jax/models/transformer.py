@@ -325,14 +325,15 @@ def write_cache(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
   """buf [B, KV, S, Dh] with new [B, KV, T, Dh] written at slots start[b].. of each row b, where
   a per-row `dynamic_update_slice` writes them (start clamped so the chunk fits).
 
-  Only float32 takes that per-row write: it is a scatter, and XLA:CPU runs a bfloat16 scatter
-  through float32, converting the whole buffer there and back (9x the select below over
-  SmolLM2's 60 cache buffers on a decode step at batch 16). A low-precision cache selects each
-  slot from the buffer or from the chunk instead, moving bits (a bfloat16 gather and select
-  would be converted too); it reads and writes the buffer once, as the turn's attention reads it.
+  That write is a scatter, in place. XLA:CPU runs a bfloat16 scatter through float32, converting
+  the whole buffer there and back (9x the select below over SmolLM2's 60 cache buffers on a
+  decode step at batch 16), so on CPU a low-precision cache selects each slot from the buffer or
+  from the chunk instead, moving bits (a bfloat16 gather and select would be converted too); it
+  reads and writes the buffer once, as the turn's attention reads it. Accelerators scatter
+  bfloat16 natively and keep the in-place write.
   """
   new = new.astype(buf.dtype)
-  if buf.dtype == jnp.float32:
+  if buf.dtype == jnp.float32 or jax.default_backend() != "cpu":
     write = jax.vmap(lambda b, n, s: jax.lax.dynamic_update_slice(b, n, (0, s, 0)))
     return write(buf, new, start)
   t, capacity = new.shape[2], buf.shape[2]

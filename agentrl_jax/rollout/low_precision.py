@@ -50,9 +50,15 @@ def sampling_model(graphdef: nnx.GraphDef, model_config: transformer.Transformer
     raise ValueError("RolloutConfig.sampling_dtype needs the policy to be a plain "
                      "transformer.Transformer of its TransformerConfig; this policy's module "
                      "differs, so leave sampling_dtype None")
-  # Untied: the copy carries the tied head as its own [D, V] weight (`sampling_params`).
-  config = dataclasses.replace(model_config, dtype=dtype, tie_embeddings=False)
+  config = dataclasses.replace(model_config, dtype=dtype,
+                               tie_embeddings=model_config.tie_embeddings and not _own_head())
   return _abstract_graphdef(config), config
+
+
+def _own_head() -> bool:
+  """Whether the copy stores a tied head as its own [D, V] weight (`sampling_params`): on CPU,
+  where the tied form is slow; accelerators read the transposed table in place."""
+  return jax.default_backend() == "cpu"
 
 
 def _abstract_graphdef(config: transformer.TransformerConfig) -> nnx.GraphDef:
@@ -69,14 +75,15 @@ def bfloat16_copy(params: Any) -> Any:
 
 def sampling_params(params: Any, model_config: transformer.TransformerConfig) -> Any:
   """The bfloat16 copy `sampling_model`'s module reads: `bfloat16_copy(params)`, plus, for tied
-  embeddings, the head written out as its own [D, V] weight (`embed` transposed once per rollout).
+  embeddings on CPU, the head written out as its own [D, V] weight (`embed` transposed once per
+  rollout).
 
   The tied head computes h @ embedᵀ; XLA:CPU runs a bfloat16 dot with a transposed operand
   through float32 (the whole 49152 x 576 table converted, about 5x the plain [N, K] @ [K, M]
   on SmolLM2's decode step), so the copy stores the transpose instead.
   """
   copy = bfloat16_copy(params)
-  if not model_config.tie_embeddings:
+  if not (model_config.tie_embeddings and _own_head()):
     return copy
   head = _transposed(copy["embed"][...])
   return nnx.State({**copy, "lm_head": nnx.Param(head, logical_axes=(transformer.EMBED,

@@ -120,3 +120,14 @@ def test_take_rows_is_take_with_its_gradient(dtype):
   got = jax.grad(loss(lambda w: tfm.take_rows(w, idx)))(table)
   want = jax.grad(loss(lambda w: jnp.take(w, idx, axis=0)))(table)
   np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+def test_accelerators_keep_the_tied_head_and_the_in_place_cache_write(tied, monkeypatch):
+  cfg, graphdef, params = tied
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  _, cfg16 = low_precision.sampling_model(graphdef, cfg, "bfloat16")
+  assert cfg16.tie_embeddings
+  assert set(low_precision.sampling_params(params, cfg).keys()) == set(params.keys())
+  buf = jnp.zeros((2, 1, 6, 2), jnp.bfloat16)
+  write = jax.make_jaxpr(tfm.write_cache)(buf, jnp.ones((2, 1, 1, 2)), jnp.array([1, 5]))
+  assert "scatter" in str(write) and "u16" not in str(write)  # the per-row write, no bit view
