@@ -340,15 +340,19 @@ def write_cache(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
   first = jnp.clip(start, 0, capacity - t)
   offset = jnp.arange(capacity, dtype=first.dtype)[None, :] - first[:, None]  # [B, S]
   inside = ((offset >= 0) & (offset < t))[:, None, :, None]
-  bits = lambda x: jax.lax.bitcast_convert_type(x, _BITS[x.dtype.itemsize])
-  chunk = bits(new)
+  chunk = _as_bits(new)
   if t > 1:  # slot s takes the chunk's token s - first
     index = jnp.clip(offset, 0, t - 1)[:, None, :, None]
     chunk = jnp.take_along_axis(chunk, index, axis=2, mode="clip")
-  return jax.lax.bitcast_convert_type(jnp.where(inside, chunk, bits(buf)), buf.dtype)
+  return jax.lax.bitcast_convert_type(jnp.where(inside, chunk, _as_bits(buf)), buf.dtype)
 
 
-_BITS = {1: jnp.uint8, 2: jnp.uint16, 8: jnp.uint64}
+def _as_bits(x: jax.Array) -> jax.Array:
+  """x's bit pattern as unsigned integers of its width: moved, gathered and selected as is."""
+  return jax.lax.bitcast_convert_type(x, _UNSIGNED[x.dtype.itemsize])
+
+
+_UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
 
 
 def take_rows(table: jax.Array, idx: jax.Array) -> jax.Array:
@@ -365,8 +369,7 @@ def take_rows(table: jax.Array, idx: jax.Array) -> jax.Array:
 
 @jax.custom_jvp
 def _take_bits(table: jax.Array, idx: jax.Array) -> jax.Array:
-  bits = jnp.take(jax.lax.bitcast_convert_type(table, jnp.uint16), idx, axis=0)
-  return jax.lax.bitcast_convert_type(bits, table.dtype)
+  return jax.lax.bitcast_convert_type(jnp.take(_as_bits(table), idx, axis=0), table.dtype)
 
 
 @_take_bits.defjvp
