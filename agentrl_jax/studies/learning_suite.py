@@ -219,6 +219,12 @@ RL_SHARE: tuple[EnvRun, ...] = (
     EnvRun(env="webshop_lite_one_clone", gin_file="webshop_lite_grpo.gin",
            bindings=(*ONE_CLONE, *SHARP_SAMPLING, "configs.TrainConfig.num_iterations = 40",
                      "configs.EvalConfig.num_tasks = 1000", "configs.EvalConfig.every = 20")),
+    # tool_use between its 400-step clone (0.000: valid calls, wrong final databases, no sampled
+    # success to rank) and its 1200-step one (0.978: nothing left for RL). Seed 0's 800-step
+    # clone, cloned once for the row, RL sampled at 0.5, 1000 held-out scenarios.
+    EnvRun(env="tool_use_one_clone800", gin_file="tool_use_grpo.gin",
+           bindings=("configs.WarmStartConfig.iterations = 800", *ONE_CLONE, *SHARP_SAMPLING,
+                     "configs.EvalConfig.num_tasks = 1000", "configs.EvalConfig.every = 10")),
 )
 SETS = MappingProxyType({"full": FULL, "methods": METHODS, "rl_share": RL_SHARE})
 
