@@ -112,7 +112,8 @@ def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_en
     if restored is not None:
       (params, opt_state), start = restored
       print(f"Resuming the warm start at step {start} of {warm_start.iterations}", flush=True)
-    saved_at = time.monotonic()
+    saved_at = written_at = time.monotonic()
+    written_step = start
     for i in range(start, warm_start.iterations):
       if session.stop():
         session.save(key, (params, opt_state), i)
@@ -122,7 +123,12 @@ def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_en
       traj = first if i == 0 else demonstrations(i)
       params, opt_state, m = sft(params, opt_state, batches.global_batch(traj, device_mesh))
       if (i + 1) % 10 == 0 or i + 1 == warm_start.iterations:
-        writer.write(0, {"warm_start/nll": float(m["sft/nll"]), "warm_start/iteration": i + 1})
+        now = time.monotonic()
+        # Demonstrations and update together, since the last write (the first includes compiles).
+        per_step = (now - written_at) / (i + 1 - written_step)
+        writer.write(0, {"warm_start/nll": float(m["sft/nll"]), "warm_start/iteration": i + 1,
+                         "warm_start/seconds_per_step": per_step})
+        written_at, written_step = now, i + 1
       if (i + 1 < warm_start.iterations
           and time.monotonic() - saved_at >= session.save_every_s):
         session.save(key, (params, opt_state), i + 1)
