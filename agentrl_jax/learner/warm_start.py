@@ -127,7 +127,7 @@ def behaviour_cloning(state, graphdef, tok, rollout, warm_start, config, make_en
         # Demonstrations and update together, since the last write (the first includes compiles).
         per_step = (now - written_at) / (i + 1 - written_step)
         writer.write(0, {"warm_start/nll": float(m["sft/nll"]), "warm_start/iteration": i + 1,
-                         "warm_start/seconds_per_step": per_step})
+                         "time/warm_start_step_s": per_step})
         written_at, written_step = now, i + 1
       if (i + 1 < warm_start.iterations
           and time.monotonic() - saved_at >= session.save_every_s):

@@ -151,7 +151,7 @@ def test_a_run_with_the_same_clone_loads_it_and_another_clones_its_own(tmp_path)
   store = str(tmp_path / "clones")
   first, first_keys = _clone_and_metrics(tmp_path / "a", seed=0, init_seed=3, reuse_dir=store)
   again, again_keys = _clone_and_metrics(tmp_path / "b", seed=1, init_seed=3, reuse_dir=store)
-  assert {"warm_start/nll", "warm_start/seconds_per_step"} <= first_keys
+  assert {"warm_start/nll", "time/warm_start_step_s"} <= first_keys
   assert "warm_start/reused" not in first_keys
   assert "warm_start/reused" in again_keys and "warm_start/nll" not in again_keys
   for a, b in zip(first, again):
